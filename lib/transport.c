@@ -1,0 +1,462 @@
+/*
+ * transport.c — one Connect unary exchange at a time per easy handle, many at once on
+ * one libcurl multi handle driven by libev (the shape of curl's evhiperfifo example).
+ *
+ * Pitfalls this file is written around (notes/lua-c-anchors.md §1.4, §3.8):
+ *  - completions are collected from curl_multi_info_read after curl_multi_socket_action
+ *    returns, and only then handed to callers: a caller may start another exchange from
+ *    its callback, which must never happen inside a libcurl callback;
+ *  - the socket callback tolerates unknown or already-removed sockets and re-initialises
+ *    the ev_io on every registration, because fd numbers are reused;
+ *  - curl's timeout is converted with / 1000.0 (the example divides integers);
+ *  - cancellation only marks the exchange and arms a zero timer; removal happens there.
+ */
+#include "internal.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <ev.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define X509_DEPTH_ZERO_SELF_SIGNED 18  /* X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT */
+
+typedef struct xfer xfer;
+
+struct plm_http {
+    struct ev_loop *loop;
+    CURLM *multi;
+    ev_timer timer;             /* curl's own timeout */
+    ev_timer reap;              /* zero-delay: completes cancelled exchanges */
+    xfer *inflight;
+    char *base_url, *auth_header, *ca_file;
+    long timeout_ms;
+    int dispatching;            /* > 0 while callbacks run: defer plm_http_free */
+    bool free_pending;
+};
+
+struct xfer {
+    plm_http *h;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *req_body;
+    const char *method;
+    char *buf;
+    size_t len, cap;
+    bool too_large;
+    int id_count;               /* Plimsoll-Request-Id values seen in the final answer */
+    char id_seen[40];
+    plm_refusal mark;
+    char errbuf[CURL_ERROR_SIZE];
+    plm_exchange_cb cb;
+    void *ud;
+    plm_listener cancel_l;
+    bool canceled;
+    CURLcode rc;                /* the transfer's result, between detach and dispatch */
+    xfer *prev, *next;
+    plm_exchange x;
+};
+
+typedef struct sock_ctx {
+    ev_io io;
+    plm_http *h;
+} sock_ctx;
+
+static void check_multi_info(plm_http *h);
+
+/* ---------------------------------------------------------------- libev glue */
+
+static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    sock_ctx *s = w->data;
+    int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
+                 (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
+    int running;
+    curl_multi_socket_action(s->h->multi, w->fd, action, &running);
+    check_multi_info(s->h);
+}
+
+static void timer_event_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    plm_http *h = w->data;
+    int running;
+    curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    check_multi_info(h);
+}
+
+static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    plm_http *h = userp;
+    sock_ctx *s = socketp;
+    if (what == CURL_POLL_REMOVE) {
+        if (s) {
+            ev_io_stop(h->loop, &s->io);
+            curl_multi_assign(h->multi, fd, NULL);
+            free(s);
+        }
+        return 0;
+    }
+    int kind = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s)
+            return -1;
+        s->h = h;
+        curl_multi_assign(h->multi, fd, s);
+    } else {
+        ev_io_stop(h->loop, &s->io);
+    }
+    ev_io_init(&s->io, io_cb, fd, kind);
+    s->io.data = s;
+    ev_io_start(h->loop, &s->io);
+    return 0;
+}
+
+static int multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+    plm_http *h = userp;
+    ev_timer_stop(h->loop, &h->timer);
+    if (timeout_ms >= 0) {
+        /* Never call curl from here, even for 0: arm a timer and let the loop do it. */
+        ev_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
+        ev_timer_start(h->loop, &h->timer);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- curl callbacks */
+
+static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    xfer *t = ud;
+    size_t n = size * nmemb;
+    if (t->len + n > PLM_MAX_ANSWER_BYTES) {
+        t->too_large = true;
+        return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
+    }
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (cap < t->len + n + 1)
+            cap *= 2;
+        char *nb = realloc(t->buf, cap);
+        if (!nb)
+            return 0;
+        t->buf = nb;
+        t->cap = cap;
+    }
+    memcpy(t->buf + t->len, ptr, n);
+    t->len += n;
+    t->buf[t->len] = '\0';
+    return n;
+}
+
+static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
+{
+    xfer *t = ud;
+    size_t n = size * nmemb;
+    if (n >= 5 && strncmp(line, "HTTP/", 5) == 0) {
+        /* A new status line (after 1xx): only the final answer's headers count. */
+        t->id_count = 0;
+        t->mark = PLM_REFUSAL_NONE;
+        return n;
+    }
+    const char *colon = memchr(line, ':', n);
+    if (!colon)
+        return n;
+    size_t name_len = (size_t)(colon - line);
+    const char *v = colon + 1, *end = line + n;
+    while (v < end && (*v == ' ' || *v == '\t'))
+        v++;
+    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    size_t vlen = (size_t)(end - v);
+    if (name_len == 19 && strncasecmp(line, "Plimsoll-Request-Id", 19) == 0) {
+        /* Two values, or two joined by a proxy, never match. */
+        t->id_count += memchr(v, ',', vlen) ? 2 : 1;
+        if (vlen < sizeof t->id_seen) {
+            memcpy(t->id_seen, v, vlen);
+            t->id_seen[vlen] = '\0';
+        } else {
+            t->id_seen[0] = '\0';
+        }
+    } else if (name_len == 23 && strncasecmp(line, "Plimsoll-Not-Dispatched", 23) == 0) {
+        t->mark = PLM_REFUSAL_NONE;
+        for (int r = PLM_REFUSAL_REQUEST; r <= PLM_REFUSAL_ENVIRONMENT; r++) {
+            const char *name = plm_refusal_name((plm_refusal)r);
+            if (strlen(name) == vlen && strncmp(name, v, vlen) == 0)
+                t->mark = (plm_refusal)r;
+        }
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- completion */
+
+static void unlink_xfer(plm_http *h, xfer *t)
+{
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (h->inflight == t)
+        h->inflight = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+}
+
+static void xfer_free(xfer *t)
+{
+    plm_cancel_unlisten(&t->cancel_l);
+    if (t->easy)
+        curl_easy_cleanup(t->easy);
+    curl_slist_free_all(t->headers);
+    free(t->req_body);
+    free(t->buf);
+    plm_error_free(t->x.transport_err);
+    free(t);
+}
+
+/* Why an exchange read no answer (client.md §2.2 steps 6–7).  Only failures proven to
+ * happen before any request byte left are marked `environment`. */
+static plm_error *classify(xfer *t, CURLcode rc)
+{
+    const char *m = t->method;
+    const char *why = t->errbuf[0] ? t->errbuf : curl_easy_strerror(rc);
+    plm_error *e;
+    long oserr = 0, verify = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_OS_ERRNO, &oserr);
+    curl_easy_getinfo(t->easy, CURLINFO_SSL_VERIFYRESULT, &verify);
+    if (t->canceled) {
+        e = plm_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: cancelled during the exchange; the call may have run", m);
+    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
+        e = plm_err_new(PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: no complete answer within %ld ms; the call may have run",
+                        m, t->h->timeout_ms);
+    } else if (rc == CURLE_WRITE_ERROR && t->too_large) {
+        e = plm_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: the answer is larger than %u bytes; the call may have run",
+                        m, PLM_MAX_ANSWER_BYTES);
+    } else if ((rc == CURLE_COULDNT_CONNECT && oserr == ECONNREFUSED) ||
+               (rc == CURLE_SSL_CONNECT_ERROR && strstr(why, "wrong version number")) ||
+               (rc == CURLE_PEER_FAILED_VERIFICATION && verify == X509_DEPTH_ZERO_SELF_SIGNED)) {
+        e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                        "plimsoll: %s: cannot reach the daemon at %s (%s); nothing was sent",
+                        m, t->h->base_url, why);
+    } else {
+        e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: the exchange with %s failed (%s); the call may have run",
+                        m, t->h->base_url, why);
+    }
+    if (e)
+        e->cause = plm_printf("curl: %s", why);
+    return e;
+}
+
+static void complete(xfer *t, CURLcode rc)
+{
+    plm_http *h = t->h;
+    if (t->canceled || rc != CURLE_OK) {
+        t->x.transport_err = classify(t, rc);
+    } else {
+        curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->x.status);
+        t->x.body = t->buf ? t->buf : "";
+        t->x.body_len = t->len;
+        t->x.bound = t->id_count == 1 && strcmp(t->id_seen, t->x.request_id) == 0;
+        t->x.header_mark = t->mark;
+    }
+    h->dispatching++;
+    t->cb(t->ud, &t->x);
+    h->dispatching--;
+    xfer_free(t);
+}
+
+static void check_multi_info(plm_http *h)
+{
+    CURLMsg *msg;
+    int left;
+    /* Detach every finished exchange first, then run callbacks: a callback may add
+     * new handles, which must not interleave with curl_multi_info_read. */
+    xfer *done = NULL, **tail = &done;
+    while ((msg = curl_multi_info_read(h->multi, &left))) {
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        xfer *t = NULL;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
+        CURLcode rc = msg->data.result;
+        curl_multi_remove_handle(h->multi, msg->easy_handle);
+        unlink_xfer(h, t);
+        t->rc = rc;
+        *tail = t;
+        tail = &t->next;
+    }
+    h->dispatching++;
+    while (done) {
+        xfer *t = done;
+        done = t->next;
+        t->next = NULL;
+        complete(t, t->rc);
+    }
+    h->dispatching--;
+    if (h->free_pending && h->dispatching == 0)
+        plm_http_free(h);
+}
+
+static void reap_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    plm_http *h = w->data;
+    h->dispatching++;
+    for (xfer *t = h->inflight, *next; t; t = next) {
+        next = t->next;
+        if (!t->canceled)
+            continue;
+        curl_multi_remove_handle(h->multi, t->easy);
+        unlink_xfer(h, t);
+        complete(t, CURLE_ABORTED_BY_CALLBACK);
+        next = h->inflight; /* callbacks may have changed the list: rescan */
+    }
+    h->dispatching--;
+    if (h->free_pending && h->dispatching == 0)
+        plm_http_free(h);
+}
+
+static void on_cancel(plm_listener *l)
+{
+    xfer *t = (xfer *)((char *)l - offsetof(xfer, cancel_l));
+    t->canceled = true;
+    ev_timer_start(t->h->loop, &t->h->reap);
+}
+
+/* ---------------------------------------------------------------- public */
+
+plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg)
+{
+    plm_http *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    h->loop = loop;
+    h->timeout_ms = cfg->timeout_ms;
+    h->base_url = strdup(cfg->base_url);
+    h->ca_file = plm_strdup(cfg->ca_file);
+    if (cfg->token && *cfg->token)
+        h->auth_header = plm_printf("Authorization: Bearer %s", cfg->token);
+    h->multi = curl_multi_init();
+    if (!h->base_url || !h->multi) {
+        plm_http_free(h);
+        return NULL;
+    }
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
+    curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
+    curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
+    ev_timer_init(&h->timer, timer_event_cb, 0., 0.);
+    h->timer.data = h;
+    ev_timer_init(&h->reap, reap_cb, 0., 0.);
+    h->reap.data = h;
+    return h;
+}
+
+void plm_http_free(plm_http *h)
+{
+    if (!h)
+        return;
+    if (h->dispatching) {
+        h->free_pending = true;
+        return;
+    }
+    h->dispatching++;
+    while (h->inflight) {
+        xfer *t = h->inflight;
+        curl_multi_remove_handle(h->multi, t->easy);
+        unlink_xfer(h, t);
+        t->canceled = true;
+        complete(t, CURLE_ABORTED_BY_CALLBACK);
+    }
+    h->dispatching--;
+    ev_timer_stop(h->loop, &h->timer);
+    ev_timer_stop(h->loop, &h->reap);
+    if (h->multi)
+        curl_multi_cleanup(h->multi); /* removes remaining sockets through sock_cb */
+    free(h->base_url);
+    free(h->auth_header);
+    free(h->ca_file);
+    free(h);
+}
+
+static void new_request_id(char out[33])
+{
+    unsigned char b[16];
+    static const char digits[] = "0123456789abcdef";
+    if (RAND_bytes(b, sizeof b) != 1)
+        abort(); /* no randomness: refusing to run beats reusing ids */
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[32] = '\0';
+}
+
+int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cancel,
+                  plm_exchange_cb cb, void *ud)
+{
+    xfer *t = calloc(1, sizeof *t);
+    if (!t) {
+        free(body);
+        return -1;
+    }
+    t->h = h;
+    t->method = method;
+    t->req_body = body;
+    t->cb = cb;
+    t->ud = ud;
+    t->mark = PLM_REFUSAL_NONE;
+    new_request_id(t->x.request_id);
+    char *url = plm_printf("%s/plimsoll.v1.SandboxService/%s", h->base_url, method);
+    char *id_header = plm_printf("Plimsoll-Request-Id: %s", t->x.request_id);
+    t->easy = curl_easy_init();
+    if (!url || !id_header || !t->easy)
+        goto fail;
+    struct curl_slist *hd = NULL;
+    hd = curl_slist_append(hd, "Content-Type: application/json");
+    hd = curl_slist_append(hd, "Connect-Protocol-Version: 1");
+    hd = curl_slist_append(hd, id_header);
+    hd = curl_slist_append(hd, "Expect:"); /* no 100-continue round trip */
+    if (h->auth_header)
+        hd = curl_slist_append(hd, h->auth_header);
+    t->headers = hd;
+    CURL *e = t->easy;
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(e, CURLOPT_POST, 1L);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, h->timeout_ms);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L); /* redirects are errors */
+    if (h->ca_file)
+        curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_file);
+    if (curl_multi_add_handle(h->multi, e) != CURLM_OK)
+        goto fail;
+    free(url);
+    free(id_header);
+    t->next = h->inflight;
+    if (h->inflight)
+        h->inflight->prev = t;
+    h->inflight = t;
+    t->cancel_l.fn = on_cancel;
+    plm_cancel_listen(cancel, &t->cancel_l);
+    return 0;
+fail:
+    free(url);
+    free(id_header);
+    xfer_free(t);
+    return -1;
+}

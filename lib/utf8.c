@@ -1,0 +1,90 @@
+/*
+ * utf8.c — UTF-8 well-formedness (RFC 3629: no overlongs, no surrogates, nothing
+ * above U+10FFFF) and a lossy copy that replaces ill-formed sequences with U+FFFD,
+ * the way TextDecoder does for the reference's `stdout` text.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Length of the well-formed sequence at s[0..n), or 0 when it is ill-formed. */
+static size_t seq_len(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;      /* U+D800..U+DFFF are not text */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++) {
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    }
+    return len;
+}
+
+bool plm_utf8_valid(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; i < len;) {
+        size_t k = seq_len(s + i, len - i);
+        if (k == 0)
+            return false;
+        i += k;
+    }
+    return true;
+}
+
+/* Maximal-subpart replacement: one U+FFFD per ill-formed byte run start, as WHATWG. */
+char *plm_utf8_lossy(const unsigned char *s, size_t len)
+{
+    char *out = malloc(len * 3 + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t k = seq_len(s + i, len - i);
+        if (k > 0) {
+            memcpy(out + o, s + i, k);
+            o += k;
+            i += k;
+            continue;
+        }
+        memcpy(out + o, "\xEF\xBF\xBD", 3);
+        o += 3;
+        /* Skip the lead byte and the continuation bytes that still formed a valid prefix. */
+        size_t skip = 1;
+        unsigned char c = s[i];
+        size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 1;
+        while (skip < want && i + skip < len && (s[i + skip] & 0xC0) == 0x80) {
+            unsigned char lo = 0x80, hi = 0xBF;
+            if (skip == 1) {
+                if (c == 0xE0) lo = 0xA0;
+                if (c == 0xED) hi = 0x9F;
+                if (c == 0xF0) lo = 0x90;
+                if (c == 0xF4) hi = 0x8F;
+            }
+            if (s[i + skip] < lo || s[i + skip] > hi)
+                break;
+            skip++;
+        }
+        i += skip;
+    }
+    out[o] = '\0';
+    return out;
+}

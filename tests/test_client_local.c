@@ -1,0 +1,388 @@
+/*
+ * test_client_local.c — client behaviour that needs no daemon: construction rules and
+ * every refusal made before sending (nothing may leave the process, so these run
+ * against a port where nothing listens and would fail differently if anything did).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+
+static plm_error *make(const char *url, bool insecure, int64_t timeout, plm_client **c)
+{
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = url;
+    o.insecure_http = insecure;
+    if (timeout)
+        o.request_timeout_ms = timeout;
+    return plm_client_new(NULL, &o, c);
+}
+
+static void expect_refused(const char *url, bool insecure, const char *needle)
+{
+    plm_client *c = NULL;
+    plm_error *e = make(url, insecure, 0, &c);
+    if (!e)
+        fail_msg("%s was accepted", url);
+    assert_null(c);
+    assert_int_equal(e->code, PLM_INVALID_ARGUMENT);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_NONE);
+    if (needle && !strstr(e->message, needle))
+        fail_msg("message for %s lacks \"%s\": %s", url, needle, e->message);
+    plm_error_free(e);
+}
+
+static void expect_accepted(const char *url, bool insecure)
+{
+    plm_client *c = NULL;
+    plm_error *e = make(url, insecure, 0, &c);
+    if (e)
+        fail_msg("%s refused: %s", url, e->message);
+    plm_client_free(c);
+}
+
+static void test_W03_base_url_must_be_absolute_http_or_https(void **state)
+{
+    expect_refused("", false, "required");
+    expect_refused(NULL, false, "required");
+    expect_refused(" http://localhost:1", false, "whitespace");
+    expect_refused("http://localhost:1 ", false, "whitespace");
+    expect_refused("localhost:8080/x", false, NULL);
+    expect_refused("/relative/path", false, "absolute");
+    expect_refused("ftp://localhost/", false, "http or https");
+}
+
+static void test_W04_userinfo_query_fragment_refused(void **state)
+{
+    expect_refused("http://user:pw@localhost:1", false, "userinfo");
+    expect_refused("http://user@localhost:1", false, "userinfo");
+    expect_refused("http://localhost:1/?a=b", false, "query");
+    expect_refused("http://localhost:1/#frag", false, "fragment");
+    expect_refused("http://localhost:1/x?", false, "query");
+}
+
+static void test_W05_cleartext_needs_loopback_or_insecure_http(void **state)
+{
+    expect_refused("http://example.com", false, "insecureHttp");
+    expect_refused("http://10.0.0.1:8080", false, "insecureHttp");
+    expect_accepted("http://example.com", true);
+    expect_accepted("https://example.com", false);
+}
+
+static void test_W06_loopback_is_exact(void **state)
+{
+    expect_accepted("http://127.0.0.2", false);
+    expect_accepted("http://[::1]:9", false);
+    expect_accepted("http://localhost", false);
+    expect_accepted("http://127.0.0.1:8080/prefix/", false);
+    expect_refused("http://127.evil.example", false, "insecureHttp");
+    expect_refused("http://localhost.evil.example", false, "insecureHttp");
+}
+
+static void test_W07_request_timeout_bounds(void **state)
+{
+    const int64_t bad[] = {-1, 0, 2147483648LL};
+    for (size_t i = 0; i < 3; i++) {
+        plm_client *c = NULL;
+        plm_client_options o;
+        plm_client_options_init(&o);
+        o.base_url = "http://localhost:1";
+        o.request_timeout_ms = bad[i];
+        plm_error *e = plm_client_new(NULL, &o, &c);
+        assert_non_null(e);
+        assert_int_equal(e->code, PLM_INVALID_ARGUMENT);
+        assert_non_null(strstr(e->message, "requestTimeoutMs"));
+        plm_error_free(e);
+    }
+    plm_client_options o;
+    plm_client_options_init(&o);
+    assert_int_equal(o.request_timeout_ms, 360000);
+    plm_client *c = NULL;
+    assert_null(make("http://localhost:1", false, 2147483647LL, &c));
+    plm_client_free(c);
+}
+
+/* A client whose daemon does not exist: any request that did leave would come back
+ * unavailable, so a refusal with the request mark proves nothing was sent. */
+static plm_client *offline_client(void)
+{
+    plm_client *c = NULL;
+    plm_error *e = make("http://127.0.0.1:1", false, 0, &c);
+    assert_null(e);
+    return c;
+}
+
+static void expect_request_refusal(plm_error *e, plm_code code, const char *needle)
+{
+    assert_non_null(e);
+    assert_int_equal(e->code, code);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_REQUEST);
+    if (needle && !strstr(e->message, needle))
+        fail_msg("message lacks \"%s\": %s", needle, e->message);
+    plm_error_free(e);
+}
+
+static void never(void *ud, plm_error *err, plm_result *r)
+{
+    fail_msg("a refused call must not call back");
+}
+
+static void never_session(void *ud, plm_error *err, plm_session *s)
+{
+    fail_msg("a refused open must not call back");
+}
+
+static void test_W11_cancelled_before_sending_is_marked_request(void **state)
+{
+    plm_client *c = offline_client();
+    plm_cancel *k = plm_cancel_new();
+    plm_cancel_fire(k);
+    plm_run_options o = {.cancel = k};
+    expect_request_refusal(plm_run_javascript(c, "1", &o, never, NULL), PLM_CANCELED, "nothing was sent");
+    plm_session_options so = {.cancel = k};
+    expect_request_refusal(plm_open_session(c, &so, never_session, NULL), PLM_CANCELED, NULL);
+    plm_cancel_free(k);
+    plm_client_free(c);
+}
+
+static void test_W23_ill_formed_utf8_refused_before_sending(void **state)
+{
+    plm_client *c = offline_client();
+    expect_request_refusal(plm_run_javascript(c, "x = '\xed\xa0\x80'", NULL, never, NULL),
+                           PLM_INVALID_ARGUMENT, "request.javascript.code");
+    plm_file f = {"in.txt", "bad \xff"};
+    plm_project p = {.files = &f, .n_files = 1};
+    expect_request_refusal(plm_run_project(c, &p, NULL, never, NULL), PLM_INVALID_ARGUMENT,
+                           "request.project.files[0].content");
+    const char *steps[] = {"echo \xc0\xaf"};
+    plm_project p2 = {.steps = steps, .n_steps = 1};
+    expect_request_refusal(plm_run_project(c, &p2, NULL, never, NULL), PLM_INVALID_ARGUMENT,
+                           "request.project.steps");
+    plm_run_options o = {.trace_id = "t\xff"};
+    expect_request_refusal(plm_run_javascript(c, "1", &o, never, NULL), PLM_INVALID_ARGUMENT,
+                           "request.traceId");
+    plm_client_free(c);
+}
+
+static void test_W30_software_rule_shape(void **state)
+{
+    plm_client *c = offline_client();
+    const char *two[] = {"a", "b"};
+    const char *dup[] = {"a", "a"};
+    const char *badc[] = {"a b"};
+    const char *empty[] = {""};
+    const char *ok[] = {"oci-manifest:linux/amd64@sha256:ab"};
+    char long_id[258];
+    memset(long_id, 'a', 257);
+    long_id[257] = '\0';
+    const char *longs[] = {long_id};
+    const char *many[33];
+    char names[33][8];
+    for (int i = 0; i < 33; i++) {
+        snprintf(names[i], sizeof names[i], "id%d", i);
+        many[i] = names[i];
+    }
+    plm_software_rule rules[] = {
+        {"exact", two, 2}, {"exact", NULL, 0}, {"approved", NULL, 0}, {"approved", dup, 2},
+        {"approved", badc, 1}, {"exact", empty, 1}, {"exact", longs, 1}, {"approved", many, 33},
+        {"sometimes", ok, 1},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(rules); i++) {
+        plm_run_options o = {.software = &rules[i]};
+        expect_request_refusal(plm_run_javascript(c, "1", &o, never, NULL), PLM_INVALID_ARGUMENT,
+                               "software");
+    }
+    plm_client_free(c);
+}
+
+static void test_W31_rule_merge_intersects_in_session_order(void **state)
+{
+    json_t *s = json_pack("{s:s, s:[s,s,s]}", "mode", "approved", "identities", "c", "a", "b");
+    json_t *call = json_pack("{s:s, s:[s,s]}", "mode", "approved", "identities", "b", "c");
+    json_t *one = json_pack("{s:s, s:[s]}", "mode", "exact", "identities", "a");
+    json_t *none = json_pack("{s:s, s:[s]}", "mode", "exact", "identities", "z");
+    json_t *out = NULL;
+    assert_null(plm_rule_merge(s, call, &out));
+    json_t *want = json_pack("{s:s, s:[s,s]}", "mode", "approved", "identities", "c", "b");
+    assert_true(json_equal(out, want));
+    json_decref(out);
+    json_decref(want);
+    assert_null(plm_rule_merge(s, one, &out));
+    assert_string_equal(json_string_value(json_object_get(out, "mode")), "exact");
+    json_decref(out);
+    plm_error *e = plm_rule_merge(s, none, &out);
+    expect_request_refusal(e, PLM_INVALID_ARGUMENT, NULL);
+    assert_null(out);
+    json_decref(s);
+    json_decref(call);
+    json_decref(one);
+    json_decref(none);
+}
+
+static void test_S01_open_session_refusals(void **state)
+{
+    plm_client *c = offline_client();
+    const char *cobol[] = {"python", "cobol"};
+    plm_session_options o = {.languages = cobol, .n_languages = 2};
+    expect_request_refusal(plm_open_session(c, &o, never_session, NULL), PLM_INVALID_ARGUMENT, "cobol");
+    plm_session_options o2 = {.owner = ""};
+    expect_request_refusal(plm_open_session(c, &o2, never_session, NULL), PLM_INVALID_ARGUMENT, "owner");
+    const char *dup[] = {"x", "x"};
+    plm_software_rule r = {"approved", dup, 2};
+    plm_session_options o3 = {.software = &r};
+    expect_request_refusal(plm_open_session(c, &o3, never_session, NULL), PLM_INVALID_ARGUMENT, NULL);
+    plm_session_options o4 = {.minimum_isolation = "bogus"};
+    expect_request_refusal(plm_open_session(c, &o4, never_session, NULL), PLM_INVALID_ARGUMENT, "bogus");
+    plm_client_free(c);
+}
+
+static void test_R02_encoder_refuses_ill_formed_text(void **state)
+{
+    plm_record r = {.version = 2, .request_sha256 = "a", .result_sha256 = "",
+                    .provider = "p\xed\xb0\x80", .isolation = "", .environment = "", .policy = "",
+                    .session = "", .previous_sha256 = "", .software_identity = "",
+                    .software_rule_id = "", .unanswered = ""};
+    plm_hex hex;
+    plm_error *e = plm_record_digest(&r, hex);
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_DATA_LOSS);
+    assert_string_equal(hex, "");
+    plm_error_free(e);
+}
+
+static void test_R07_rule_allows(void **state)
+{
+    json_t *rule = json_pack("{s:s, s:[s,s]}", "mode", "approved", "identities", "a", "b");
+    assert_true(plm_software_rule_allows(NULL, ""));
+    assert_true(plm_software_rule_allows(NULL, "anything"));
+    assert_true(plm_software_rule_allows(rule, "b"));
+    assert_false(plm_software_rule_allows(rule, "c"));
+    assert_false(plm_software_rule_allows(rule, ""));
+    json_decref(rule);
+}
+
+static void test_R08_record_integers_are_strict(void **state)
+{
+    const char *bad[] = {
+        "{\"startedUnixMs\": \"12x\"}", "{\"startedUnixMs\": {}}", "{\"sequence\": \"-1\"}",
+        "{\"endedUnixMs\": 1.5}", "{\"endedUnixMs\": \"123456789012345678901\"}",
+        "{\"startedUnixMs\": 9007199254740992}", "{\"version\": \"two\"}",
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(bad); i++) {
+        json_t *j = json_loads(bad[i], 0, NULL);
+        plm_error *e = NULL;
+        plm_record *r = plm_record_from_json(j, &e);
+        if (r)
+            fail_msg("accepted %s", bad[i]);
+        assert_non_null(e);
+        assert_int_equal(e->code, PLM_DATA_LOSS);
+        assert_non_null(strstr(e->message, "is not an integer"));
+        plm_error_free(e);
+        json_decref(j);
+    }
+    json_t *j = json_loads("{\"startedUnixMs\": \"-17\", \"sequence\": 9007199254740991}", 0, NULL);
+    plm_error *e = NULL;
+    plm_record *r = plm_record_from_json(j, &e);
+    assert_non_null(r);
+    assert_int_equal(r->started_unix_ms, -17);
+    assert_int_equal(r->sequence, 9007199254740991ULL);
+    plm_record_free(r);
+    json_decref(j);
+}
+
+static void test_E14_session_end_names(void **state)
+{
+    struct { const char *json; plm_session_end want; } cases[] = {
+        {"null", PLM_END_OPEN}, {"0", PLM_END_OPEN}, {"\"SESSION_END_UNSPECIFIED\"", PLM_END_OPEN},
+        {"\"UNSPECIFIED\"", PLM_END_OPEN}, {"1", PLM_END_CLOSED}, {"\"SESSION_END_REPLACED\"", PLM_END_REPLACED},
+        {"\"unclaimed\"", PLM_END_UNCLAIMED}, {"10", PLM_END_UNCLAIMED}, {"11", PLM_END_UNKNOWN},
+        {"99", PLM_END_UNKNOWN}, {"-1", PLM_END_UNKNOWN}, {"\"HOST_LOST\"", PLM_END_UNKNOWN},
+        {"\"OPEN\"", PLM_END_UNKNOWN}, {"\"UNKNOWN\"", PLM_END_UNKNOWN},
+        {"\"SESSION_END_HOST_LOST\"", PLM_END_UNKNOWN},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(cases); i++) {
+        json_t *v = json_loads(cases[i].json, JSON_DECODE_ANY, NULL);
+        if (plm_session_end_from_json(v) != cases[i].want)
+            fail_msg("%s mapped to %s", cases[i].json, plm_session_end_name(plm_session_end_from_json(v)));
+        json_decref(v);
+    }
+    assert_string_equal(plm_session_end_name(PLM_END_DISK_EXCEEDED), "disk_exceeded");
+}
+
+static void test_E17_tier_order(void **state)
+{
+    assert_true(plm_meets("vm", "kernel"));
+    assert_true(plm_meets("kernel", "kernel"));
+    assert_false(plm_meets("container", "kernel"));
+    assert_false(plm_meets("none", "process"));
+    assert_false(plm_meets("vm", "bogus"));
+    assert_false(plm_meets("bogus", "process"));
+    assert_true(plm_meets("process", NULL));
+    assert_false(plm_meets("bogus", NULL));
+}
+
+static void test_S02_owner_digest_is_keyed_by_token(void **state)
+{
+    plm_hex a, b, c;
+    plm_owner_digest("tok", "alice", a);
+    plm_owner_digest("tok", "bob", b);
+    plm_owner_digest("other", "alice", c);
+    assert_int_equal(strlen(a), 64);
+    assert_string_not_equal(a, b);
+    assert_string_not_equal(a, c);
+    /* HMAC-SHA256(SHA256("plimsoll session owner key v2\n"), "plimsoll session owner v2\nalice"),
+     * computed independently with Python's hmac module. */
+    plm_owner_digest(NULL, "alice", a);
+    assert_string_equal(a, "893e9e7c37114f87487e47bf9a841ee603c6af6e40b894911a4cd1aab667d30e");
+}
+
+static void test_W34_lossy_text(void **state)
+{
+    char *t = plm_utf8_lossy((const unsigned char *)"a\xff" "b\xe2\x82", 5);
+    assert_string_equal(t, "a\xef\xbf\xbd" "b\xef\xbf\xbd");
+    free(t);
+    unsigned char *out;
+    size_t n;
+    assert_int_equal(plm_base64_decode("NDIK", 4, &out, &n), 0);
+    assert_int_equal(n, 3);
+    assert_memory_equal(out, "42\n", 3);
+    free(out);
+    assert_int_equal(plm_base64_decode("_-8", 3, &out, &n), 0); /* URL-safe, unpadded */
+    assert_int_equal(n, 2);
+    assert_int_equal(out[0], 0xff);
+    assert_int_equal(out[1], 0xef);
+    free(out);
+    assert_int_equal(plm_base64_decode("a$==", 4, &out, &n), -1);
+}
+
+int main(void)
+{
+    plm_global_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_W03_base_url_must_be_absolute_http_or_https),
+        cmocka_unit_test(test_W04_userinfo_query_fragment_refused),
+        cmocka_unit_test(test_W05_cleartext_needs_loopback_or_insecure_http),
+        cmocka_unit_test(test_W06_loopback_is_exact),
+        cmocka_unit_test(test_W07_request_timeout_bounds),
+        cmocka_unit_test(test_W11_cancelled_before_sending_is_marked_request),
+        cmocka_unit_test(test_W23_ill_formed_utf8_refused_before_sending),
+        cmocka_unit_test(test_W30_software_rule_shape),
+        cmocka_unit_test(test_W31_rule_merge_intersects_in_session_order),
+        cmocka_unit_test(test_S01_open_session_refusals),
+        cmocka_unit_test(test_R02_encoder_refuses_ill_formed_text),
+        cmocka_unit_test(test_R07_rule_allows),
+        cmocka_unit_test(test_R08_record_integers_are_strict),
+        cmocka_unit_test(test_E14_session_end_names),
+        cmocka_unit_test(test_E17_tier_order),
+        cmocka_unit_test(test_S02_owner_digest_is_keyed_by_token),
+        cmocka_unit_test(test_W34_lossy_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
