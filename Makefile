@@ -19,7 +19,7 @@ MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 # Debian 12 packages the project needs to build, test and demo.
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
-        bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev
+        bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -29,11 +29,23 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SH  := $(sort $(wildcard tests/test_*.sh))
+# runtime/: the berth host.  main.c is the CLI; the rest is libberth (embeddable).
+LUA_CFLAGS = $(shell pkg-config --cflags lua5.4 2>/dev/null)
+LUA_LIBS   = $(shell pkg-config --libs lua5.4 2>/dev/null)
+RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c)))
+RT_OBJ   := $(RT_SRC:%.c=$(BUILD)/obj/%.o)
+MOD_SRC  := $(sort $(wildcard runtime/module/*.c))
+MOD_OBJ  := $(MOD_SRC:%.c=$(BUILD)/obj/%.o)
+EXAMPLE_SRC := $(sort $(wildcard runtime/examples/*.c))
+EXAMPLE_BIN := $(EXAMPLE_SRC:runtime/examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test demo bench install clean check-deps
-all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/plimsoll.pc
+.PHONY: all deps test demo bench install clean check-asan check-valgrind fuzz
+RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/berth) \
+              $(if $(MOD_SRC),$(BUILD)/lua/plimsoll.so) $(EXAMPLE_BIN)
+all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/plimsoll.pc $(RT_TARGETS)
 
 deps:
 	@missing=$$(for p in $(DEPS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
@@ -44,9 +56,25 @@ deps:
 	    { echo "make deps: apt-get failed for:" $$missing >&2; exit 1; }; \
 	fi
 
-$(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h)
+$(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libberth.a: $(RT_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
+$(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(LDLIBS)
+
+$(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $(MOD_OBJ) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/examples/%: runtime/examples/%.c $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LUA_LIBS) $(LDLIBS)
 
 $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 	@rm -f $@
@@ -61,9 +89,9 @@ $(BUILD)/plimsoll.pc: lib/plimsoll.pc.in
 $(BUILD)/sandboxd: $(SBX_OBJ) $(BUILD)/libplimsoll.a
 	$(CC) $(LDFLAGS) -o $@ $(SBX_OBJ) $(BUILD)/libplimsoll.a $(MHDLIBS) $(LDLIBS) -lseccomp
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h)
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h runtime/*.h) $(if $(RT_SRC),$(BUILD)/libberth.a)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests/lib $(CFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LDLIBS) -lcmocka
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(LDLIBS) -lcmocka
 
 $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
@@ -71,7 +99,7 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a
 
 test: deps
 	@$(MAKE) --no-print-directory all tests
-	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN)
+	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(TEST_SH)
 
 tests: $(TEST_BIN)
 
@@ -83,14 +111,45 @@ bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do BUILD=$(BUILD) $$b || exit 1; done
 
+# The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer (clang; the
+# runtime comes from libclang-rt-14-dev).  Daemons the tests start are built the same way.
+SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+check-asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT="-O1 -g $(SAN)" \
+	  LDFLAGS="$(SAN)" all tests
+	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) $(TEST_SH)
+
+# Memcheck over the C test programs: any error or definite leak fails the run.
+check-valgrind: deps
+	@$(MAKE) --no-print-directory all tests
+	@BUILD=$(BUILD) WRAP="valgrind -q --error-exitcode=99 --leak-check=full \
+	  --errors-for-leak-kinds=definite --show-leak-kinds=definite" sh tests/run.sh $(TEST_BIN)
+
+# libFuzzer harnesses, one per parser; each starts from tests/fuzz/corpus/<name>.
+FUZZ_SECONDS ?= 30
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
+	@mkdir -p $(dir $@)
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib -o $@ $< $(LIB_SRC) $(PKGLIBS) -lev -lm
+
+fuzz: deps $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/found-$$n; \
+	  echo "== fuzz $$n for $(FUZZ_SECONDS) s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=build-fuzz/found-$$n/ \
+	    build-fuzz/found-$$n tests/fuzz/corpus/$$n >build-fuzz/$$n.log 2>&1 \
+	  || { tail -30 build-fuzz/$$n.log; echo "fuzz $$n: crash, see build-fuzz/found-$$n"; exit 1; }; \
+	  tail -1 build-fuzz/$$n.log; done
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(BUILD)/libplimsoll.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(BUILD)/libplimsoll.so $(DESTDIR)$(PREFIX)/lib/libplimsoll.so.0
 	ln -sf libplimsoll.so.0 $(DESTDIR)$(PREFIX)/lib/libplimsoll.so
-	install -m 644 lib/plimsoll.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/plimsoll.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 755 $(BUILD)/sandboxd $(DESTDIR)$(PREFIX)/bin/
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan build-fuzz

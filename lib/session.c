@@ -219,7 +219,8 @@ plm_error *plm_open_session(plm_client *c, const plm_session_options *o,
         const char *l = o->languages ? o->languages[i] : NULL;
         if (!l || (strcmp(l, "python") != 0 && strcmp(l, "javascript") != 0)) {
             e = refuse("plimsoll: OpenSession: unknown language %s in the hint (python or "
-                       "javascript)", l ? (json_string(l) ? l : "(ill-formed text)") : "(null)");
+                       "javascript)",
+                       l ? (plm_utf8_valid(l, strlen(l)) ? l : "(ill-formed text)") : "(null)");
             break;
         }
         size_t j;
@@ -239,7 +240,7 @@ plm_error *plm_open_session(plm_client *c, const plm_session_options *o,
         if (json_array_size(langs))
             json_object_set(req, "languages", langs);
         if (o->owner) {
-            if (!json_string(o->owner)) {
+            if (!plm_utf8_valid(o->owner, strlen(o->owner))) {
                 e = refuse("plimsoll: OpenSession: the owner is not well-formed UTF-8%s", NULL);
             } else {
                 plm_hex owner;
@@ -537,7 +538,7 @@ plm_error *plm_session_run_cell(plm_session *s, const plm_cell *cell, const plm_
     const char *lang = cell->language ? cell->language : "";
     if (strcmp(lang, "python") != 0 && strcmp(lang, "javascript") != 0)
         return refuse("plimsoll: SessionRun: a cell's language must be python or javascript, "
-                      "not %s", json_string(lang) ? lang : "(ill-formed text)");
+                      "not %s", plm_utf8_valid(lang, strlen(lang)) ? lang : "(ill-formed text)");
     json_t *p = json_object(), *files = NULL;
     json_object_set_new(p, "language", json_string(lang));
     plm_error *e = plm_put_text(p, "code", cell->code, "request.cell.code");

@@ -54,6 +54,7 @@ struct xfer {
     void *ud;
     plm_listener cancel_l;
     bool canceled;
+    int attempts;               /* request sends; a second one is curl's own retry */
     CURLcode rc;                /* the transfer's result, between detach and dispatch */
     xfer *prev, *next;
     plm_exchange x;
@@ -71,11 +72,12 @@ static void check_multi_info(plm_http *h);
 static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     sock_ctx *s = w->data;
+    plm_http *h = s->h; /* the action may remove the socket and free `s` */
     int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
                  (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
     int running;
-    curl_multi_socket_action(s->h->multi, w->fd, action, &running);
-    check_multi_info(s->h);
+    curl_multi_socket_action(h->multi, w->fd, action, &running);
+    check_multi_info(h);
 }
 
 static void timer_event_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -192,6 +194,17 @@ static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* libcurl re-sends a request whose reused connection died before any answer byte
+ * ("connection died, retrying a fresh connect").  The first send may have reached the
+ * daemon and run, so a second send would run a call twice: refuse it.  The exchange
+ * then fails as "may have run", which is the truth. */
+static int prereq_cb(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                     int conn_local_port)
+{
+    xfer *t = ud;
+    return ++t->attempts > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+}
+
 /* ---------------------------------------------------------------- completion */
 
 static void unlink_xfer(plm_http *h, xfer *t)
@@ -230,6 +243,10 @@ static plm_error *classify(xfer *t, CURLcode rc)
     if (t->canceled) {
         e = plm_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: cancelled during the exchange; the call may have run", m);
+    } else if (t->attempts > 1) {
+        e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: the connection to %s closed before an answer; the call "
+                        "may have run, and it is not sent again", m, t->h->base_url);
     } else if (rc == CURLE_OPERATION_TIMEDOUT) {
         e = plm_err_new(PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: no complete answer within %ld ms; the call may have run",
@@ -441,6 +458,11 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, h->timeout_ms);
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L); /* redirects are errors */
+    curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
+    curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
+    /* Reuse only connections idle for under 5 s: an older one is likelier to have been
+     * closed by the server, and a request lost that way cannot be sent again. */
+    curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 5L);
     if (h->ca_file)
         curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_file);
     if (curl_multi_add_handle(h->multi, e) != CURLM_OK)

@@ -7,7 +7,10 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
 for t in "$@"; do
     name=$(basename "$t")
     echo "== $name"
-    "$t" >"$log" 2>&1; rc=$?
+    case "$t" in
+        *.sh) "$t" >"$log" 2>&1; rc=$? ;;
+        *) $WRAP "$t" >"$log" 2>&1; rc=$? ;;   # WRAP: e.g. valgrind, from check-valgrind
+    esac
     cat "$log"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')

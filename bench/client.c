@@ -1,0 +1,176 @@
+/*
+ * bench/client.c — what verification costs the client.
+ *
+ * For a session cell whose stdout is 1 KiB and 1 MiB it prints:
+ *   - verify µs: plm_verify_answer + plm_map_result on the parsed answer (request,
+ *     result and record digests, chain, kind and floor checks, base64 decoding);
+ *   - sha256 µs: a bare SHA-256 of the same payload bytes (the stdout), the floor;
+ *   - ratio: verify / sha256 (target <= 1.2);
+ *   - client CPU µs per verified call end to end against sandboxd (echo provider),
+ *     measured with getrusage over the whole call (JSON, HTTP, checks), when
+ *     build/sandboxd is there.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "internal.h"
+#include "sbxproc.h"
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static double cpu_us(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+}
+
+/* A SessionRun request and its answer with a valid, chained record, built with the
+ * library's own digest functions (the vectors keep those honest). */
+static void make_exchange(size_t n, json_t **req_out, json_t **resp_out, plm_chain *chain)
+{
+    json_t *req = json_pack("{s:i, s:s, s:s, s:{s:s, s:s, s:[]}}", "protocol", 3,
+                            "minimumIsolation", "container", "sessionId",
+                            "0123456789abcdef0123456789abcdef", "cell", "language", "python",
+                            "code", "print('x' * n)", "files");
+    unsigned char *out = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (unsigned char)('a' + i % 26);
+    char *b64 = plm_base64_encode(out, n, true);
+    free(out);
+    json_t *resp = json_pack("{s:s, s:s, s:s, s:{s:s}}", "sandbox", "bwrap", "isolation",
+                             "container", "durationMs", "3", "cell", "stdout", b64);
+    free(b64);
+    plm_record rec = {.version = 2, .provider = "bwrap", .isolation = "container",
+                      .environment = "", .policy = "", .software_identity = "",
+                      .software_rule_id = "", .unanswered = "", .previous_sha256 = "",
+                      .started_unix_ms = 1790000000000, .ended_unix_ms = 1790000000003,
+                      .sequence = 1};
+    plm_hex req_hex, res_hex, rec_hex, fp;
+    plm_sha256_hex("0123456789abcdef0123456789abcdef", 32, fp);
+    plm_error_free(plm_request_digest(req, req_hex));
+    plm_error_free(plm_result_digest(resp, res_hex));
+    rec.request_sha256 = req_hex;
+    rec.result_sha256 = res_hex;
+    rec.session = fp;
+    plm_error_free(plm_record_digest(&rec, rec_hex));
+    rec.record_sha256 = rec_hex;
+    json_object_set_new(resp, "record", plm_record_to_json(&rec));
+    static plm_hex fp_keep;
+    memcpy(fp_keep, fp, sizeof fp);
+    chain->fingerprint = fp_keep;
+    chain->last_sequence = 0;
+    chain->last_sha256 = "";
+    *req_out = req;
+    *resp_out = resp;
+}
+
+static void bench_verify(size_t n, int iters)
+{
+    json_t *req, *resp;
+    plm_chain chain;
+    make_exchange(n, &req, &resp, &chain);
+    /* the payload bytes, decoded, for the bare-hash floor */
+    plm_bytes raw;
+    plm_error *e = NULL;
+    plm_jbytes(json_object_get(json_object_get(resp, "cell"), "stdout"), "stdout", &raw, &e);
+    double best_v = 1e18, best_h = 1e18;
+    for (int round = 0; round < 5; round++) {
+        double t0 = now_us();
+        for (int i = 0; i < iters; i++) {
+            plm_record *rec = NULL;
+            plm_error *err = NULL;
+            if (plm_verify_answer(req, resp, &chain, &rec, &err) != PLM_CHECK_OK) {
+                fprintf(stderr, "bench: verification failed: %s\n", err->message);
+                exit(1);
+            }
+            plm_result *r = NULL;
+            plm_error_free(plm_map_result(resp, rec, &r));
+            plm_result_free(r);
+        }
+        double t1 = now_us();
+        for (int i = 0; i < iters; i++) {
+            plm_hex h;
+            plm_sha256_hex(raw.data, raw.len, h);
+        }
+        double t2 = now_us();
+        if ((t1 - t0) / iters < best_v) best_v = (t1 - t0) / iters;
+        if ((t2 - t1) / iters < best_h) best_h = (t2 - t1) / iters;
+    }
+    printf("  stdout %7zu B: verify %9.2f us   bare sha256 %9.2f us   ratio %.2fx\n", n, best_v,
+           best_h, best_v / best_h);
+    free(raw.data);
+    json_decref(req);
+    json_decref(resp);
+}
+
+static void bench_end_to_end(size_t n, int iters)
+{
+    sbx_proc d;
+    if (sbx_start(&d, NULL) < 0) {
+        printf("  (sandboxd not available: end-to-end figure skipped)\n");
+        return;
+    }
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = d.url;
+    o.token = d.token;
+    plm_client *c = NULL;
+    plm_error_free(plm_client_new(NULL, &o, &c));
+    plm_session_options so = {.minimum_isolation = "container"};
+    plm_session *s = NULL;
+    plm_error *e = plm_open_session_sync(c, &so, &s);
+    if (e) {
+        printf("  open failed: %s\n", e->message);
+        plm_error_free(e);
+        plm_client_free(c);
+        sbx_stop(&d);
+        return;
+    }
+    /* The echo provider answers "python <n>: <code>", so the code sets the size. */
+    char *code = malloc(n + 1);
+    memset(code, 'x', n);
+    code[n] = '\0';
+    plm_cell cell = {"python", code, NULL, 0};
+    double c0 = cpu_us(), w0 = now_us();
+    for (int i = 0; i < iters; i++) {
+        plm_result *r = NULL;
+        e = plm_session_run_cell_sync(s, &cell, NULL, &r);
+        if (e) {
+            printf("  call failed: %s\n", e->message);
+            plm_error_free(e);
+            break;
+        }
+        plm_result_free(r);
+    }
+    double c1 = cpu_us(), w1 = now_us();
+    printf("  stdout %7zu B: client CPU %9.1f us per verified call (wall %9.1f us)\n", n,
+           (c1 - c0) / iters, (w1 - w0) / iters);
+    plm_close_summary *sum = NULL;
+    plm_error_free(plm_session_close_sync(s, &sum));
+    plm_close_summary_free(sum);
+    plm_session_free(s);
+    plm_client_free(c);
+    sbx_stop(&d);
+    free(code);
+}
+
+int main(void)
+{
+    plm_global_init();
+    printf("bench/client: verification cost of a session cell (best of 5 rounds)\n");
+    bench_verify(1024, 2000);
+    bench_verify(1 << 20, 40);
+    printf("bench/client: end to end through sandboxd --provider echo\n");
+    bench_end_to_end(1024, 500);
+    bench_end_to_end(1 << 20, 20);
+    return 0;
+}

@@ -1,0 +1,125 @@
+/*
+ * plimsoll_sandboxes.h — one sandbox per conversation (the reference's CodeSandboxes,
+ * client.md §6) and the model-facing executeCode tool (client.md §7), on top of the
+ * verified client in plimsoll.h.
+ *
+ * A conversation is named by a key: a run id (a string key), or an owner and a
+ * conversation (a pair, whose owner is the user the per-owner cap counts).  Each key
+ * keeps one plimsoll session; its first answered call reports fresh_sandbox, a cell
+ * that started a new interpreter reports fresh_interpreter, and a sandbox that ended
+ * (expired, replaced, idle-closed, disposed) is reopened on the next call.  A call
+ * without a key always runs fresh.
+ *
+ * Same model as plimsoll.h: one loop thread, completion callbacks that run from the
+ * loop exactly once per started operation, errors returned directly (and the callback
+ * never called) when refused before anything started, ownership of outputs and errors
+ * passed to the callback.  Every error from plm_sandboxes_run carries a message that
+ * begins "Nothing ran (<reason>): " when it is marked not dispatched, else "The code
+ * may have run, and there is no checked answer for it: ".
+ */
+#ifndef PLIMSOLL_SANDBOXES_H
+#define PLIMSOLL_SANDBOXES_H
+
+#include "plimsoll.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct plm_sandboxes plm_sandboxes;
+
+/* A conversation key: owner NULL names a string key (conversation = the run id);
+ * otherwise both must be non-empty.  Encoded injectively (a JSON array) inside. */
+typedef struct plm_key {
+    const char *owner;
+    const char *conversation;
+} plm_key;
+
+typedef enum plm_sessions_mode {
+    PLM_SESSIONS_AUTO = 0,      /* sessions when Describe states supportsSessions */
+    PLM_SESSIONS_ALWAYS,        /* no sessions → unimplemented, marked unsupported */
+    PLM_SESSIONS_NEVER          /* every call runs fresh */
+} plm_sessions_mode;
+
+typedef void (*plm_close_error_cb)(void *ud, const plm_key *key, const plm_error *err);
+
+typedef struct plm_sandboxes_options {
+    plm_client *client;         /* required; borrowed, must outlive the sandboxes */
+    plm_sessions_mode sessions;
+    const char *const *languages; size_t n_languages; /* offered; first is the default */
+    const char *minimum_isolation; /* default "kernel" */
+    int64_t timeout_ms;         /* per call; <= 0: the daemon's default */
+    int64_t session_lifetime_ms, session_idle_timeout_ms; /* passed to OpenSession */
+    int64_t idle_close_ms;      /* default 600000; <= 0 never closes */
+    int max_sessions_per_owner; /* default 3; 0 = no cap */
+    int max_sessions;           /* default 0 = no cap */
+    size_t max_output_chars;    /* default 16000, per stream, in UTF-16 code units */
+    plm_close_error_cb on_close_error; /* default: one warning on stderr naming the key digest */
+    void *on_close_error_ud;
+} plm_sandboxes_options;
+
+void plm_sandboxes_options_init(plm_sandboxes_options *o);
+plm_error *plm_sandboxes_new(const plm_sandboxes_options *o, plm_sandboxes **out);
+/* Closes nothing: call plm_sandboxes_dispose_all first and wait for it. */
+void plm_sandboxes_free(plm_sandboxes *sb);
+
+/* One executeCode call's input. */
+typedef struct plm_code_input {
+    const char *code;
+    const char *language;       /* NULL: the first offered language */
+    const plm_file *files;      /* at most 198 */
+    size_t n_files;
+} plm_code_input;
+
+/* What the model receives (client.md §7.2). */
+typedef struct plm_code_output {
+    char *language;
+    int32_t exit_code;
+    bool timed_out;
+    char *stdout_text, *stderr_text; /* cut to max_output_chars */
+    bool truncated;
+    bool state_kept;
+    bool fresh_interpreter;     /* emitted only when true */
+    bool files_persist;
+    bool fresh_sandbox;         /* emitted only when true */
+    char *isolation;
+    char *record_sha256;
+} plm_code_output;
+
+void plm_code_output_free(plm_code_output *out);
+/* The JSON the model sees, keys in the reference's order. */
+json_t *plm_code_output_to_json(const plm_code_output *out);
+
+typedef void (*plm_code_cb)(void *ud, plm_error *err, plm_code_output *out);
+typedef void (*plm_done_cb)(void *ud);
+
+/* One executeCode call; key NULL runs fresh. */
+plm_error *plm_sandboxes_run(plm_sandboxes *sb, const plm_key *key, const plm_code_input *in,
+                             plm_cancel *cancel, plm_code_cb cb, void *ud);
+/* Starts the key's sandbox without waiting; never evicts; open errors are swallowed.
+ * Returns an error only for an invalid key. */
+plm_error *plm_sandboxes_warm(plm_sandboxes *sb, const plm_key *key);
+/* Removes the key's entry now (caps count it gone) and closes its session in the
+ * background; `done` (optional) runs from the loop once the close settled.  Returns an
+ * error only for an invalid key. */
+plm_error *plm_sandboxes_dispose(plm_sandboxes *sb, const plm_key *key, plm_done_cb done,
+                                 void *ud);
+void plm_sandboxes_dispose_all(plm_sandboxes *sb, plm_done_cb done, void *ud);
+/* Whether calls keep state: false under NEVER, else Describe's supportsSessions. */
+typedef void (*plm_bool_cb)(void *ud, plm_error *err, bool value);
+plm_error *plm_sandboxes_persistent(plm_sandboxes *sb, plm_bool_cb cb, void *ud);
+/* The first 12 hex digits of SHA-256 of the key's encoding: the only form of a key
+ * that may appear in a log line. */
+void plm_key_digest(const plm_key *key, char out[13]);
+/* Number of entries held (for tests, metrics and the caps). */
+size_t plm_sandboxes_count(const plm_sandboxes *sb);
+
+/* The executeCode tool as a model sees it: the description (conversation scope unless
+ * `fresh_scope`) and the JSON Schema of its parameters.  Both malloc'd / new refs. */
+char *plm_tool_description(const plm_sandboxes *sb, bool fresh_scope);
+json_t *plm_tool_parameters(const plm_sandboxes *sb);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PLIMSOLL_SANDBOXES_H */
