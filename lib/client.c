@@ -317,26 +317,32 @@ plm_check plm_finish_answer(const char *method, const json_t *req, json_t *resp,
                             plm_record **checked)
 {
     plm_record *rec = NULL;
+    plm_result *r = NULL;
+    plm_check c;
     *out = NULL;
     if (checked)
         *checked = NULL;
-    plm_check c = plm_verify_answer(req, resp, chain, &rec, err);
-    if (rec && checked)
-        *checked = plm_record_copy(rec);
-    if (c == PLM_CHECK_OK || c == PLM_CHECK_FLOOR) {
-        plm_result *r = NULL;
-        plm_error *me = plm_map_result(resp, rec, &r);
-        if (me) {
-            plm_error_free(*err);
-            *err = me;
-            c = PLM_CHECK_MALFORMED;
-        } else if (c == PLM_CHECK_FLOOR) {
-            (*err)->result = r; /* the floor check carries the mapped result */
-        } else {
-            *out = r;
-        }
+    /* Map first, so the output is decoded once and the digest reads the decoded bytes;
+     * nothing of the mapping is handed out unless every check passed. */
+    *err = plm_map_result(resp, NULL, &r);
+    if (*err) {
+        c = PLM_CHECK_MALFORMED;
     } else {
+        c = plm_verify_mapped(req, resp, r, chain, &rec, err);
+        if (rec && checked)
+            *checked = plm_record_copy(rec);
+        if (rec && (c == PLM_CHECK_OK || c == PLM_CHECK_FLOOR)) {
+            r->record = *rec; /* take the members */
+            free(rec);
+            rec = NULL;
+            if (c == PLM_CHECK_FLOOR)
+                (*err)->result = r; /* the floor check carries the mapped result */
+            else
+                *out = r;
+            r = NULL;
+        }
         plm_record_free(rec);
+        plm_result_free(r);
     }
     if (*err) {
         plm_err_prefix(*err, method);

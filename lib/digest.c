@@ -18,7 +18,30 @@
 typedef struct enc {
     EVP_MD_CTX *ctx;
     plm_error *err;             /* first failure; later writes are ignored */
+    size_t used;
+    unsigned char buf[2048];    /* small values are batched: one update per field costs
+                                   more than hashing the field */
 } enc;
+
+static void flush(enc *e)
+{
+    if (e->used)
+        EVP_DigestUpdate(e->ctx, e->buf, e->used);
+    e->used = 0;
+}
+
+static void put_bytes(enc *e, const void *data, size_t len)
+{
+    if (e->used + len > sizeof e->buf) {
+        flush(e);
+        if (len > sizeof e->buf / 2) {
+            EVP_DigestUpdate(e->ctx, data, len);
+            return;
+        }
+    }
+    memcpy(e->buf + e->used, data, len);
+    e->used += len;
+}
 
 static void put_value(enc *e, const void *data, size_t len)
 {
@@ -26,9 +49,9 @@ static void put_value(enc *e, const void *data, size_t len)
     uint64_t l = len;
     for (int i = 7; i >= 0; i--, l >>= 8)
         n[i] = (unsigned char)(l & 0xff);
-    EVP_DigestUpdate(e->ctx, n, sizeof n);
+    put_bytes(e, n, sizeof n);
     if (len)
-        EVP_DigestUpdate(e->ctx, data, len);
+        put_bytes(e, data, len);
 }
 
 static void put_field(enc *e, const char *name, const void *data, size_t len)
@@ -83,6 +106,7 @@ static void double_bits(double d, unsigned char out[8])
 static bool enc_begin(enc *e, const char *domain)
 {
     e->err = NULL;
+    e->used = 0;
     e->ctx = EVP_MD_CTX_new();
     if (!e->ctx || EVP_DigestInit_ex(e->ctx, EVP_sha256(), NULL) != 1) {
         EVP_MD_CTX_free(e->ctx);
@@ -107,6 +131,7 @@ static plm_error *enc_end(enc *e, plm_hex hex)
 {
     unsigned char md[32];
     unsigned int n = 0;
+    flush(e);
     EVP_DigestFinal_ex(e->ctx, md, &n);
     EVP_MD_CTX_free(e->ctx);
     e->ctx = NULL;
@@ -431,6 +456,29 @@ plm_error *plm_result_digest(const json_t *resp, plm_hex hex)
         return enc_end(&e, hex);
     }
     put_cstr(&e, "kind", "");
+    return enc_end(&e, hex);
+}
+
+/* The same digest from a mapped javascript or cell result, whose streams are already
+ * decoded: reading an answer decodes its output once, not once per use. */
+plm_error *plm_result_digest_mapped(const plm_result *r, plm_hex hex)
+{
+    enc e;
+    if (!r || (r->kind != PLM_KIND_JAVASCRIPT && r->kind != PLM_KIND_CELL))
+        return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "plimsoll: not a stream result");
+    if (!enc_begin(&e, "plimsoll.run-result.v1"))
+        return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "plimsoll: SHA-256 unavailable");
+    put_cstr(&e, "kind", r->kind == PLM_KIND_CELL ? "cell" : "javascript");
+    put_int(&e, "exit_code", r->exit_code);
+    put_bool(&e, "timed_out", r->timed_out);
+    put_field(&e, "stdout", r->stdout_bytes.data, r->stdout_bytes.len);
+    put_field(&e, "stderr", r->stderr_bytes.data, r->stderr_bytes.len);
+    put_bool(&e, "stdout_truncated", r->stdout_truncated);
+    put_bool(&e, "stderr_truncated", r->stderr_truncated);
+    if (r->kind == PLM_KIND_CELL) {
+        put_bool(&e, "interpreter_started", r->interpreter_started);
+        put_bool(&e, "interpreter_ended", r->interpreter_ended);
+    }
     return enc_end(&e, hex);
 }
 

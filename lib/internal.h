@@ -106,6 +106,11 @@ const char *plm_check_name(plm_check c);
  * late failure (result count, kind, floor) *rec still holds the checked record. */
 plm_check plm_verify_answer(const json_t *req, const json_t *resp, const plm_chain *chain,
                             plm_record **rec, plm_error **err);
+/* The same, digesting the result from `mapped` (the answer already mapped) when it is
+ * a javascript or cell result, so its output is decoded once. */
+plm_check plm_verify_mapped(const json_t *req, const json_t *resp, const plm_result *mapped,
+                            const plm_chain *chain, plm_record **rec, plm_error **err);
+plm_error *plm_result_digest_mapped(const plm_result *r, plm_hex hex);
 /* Verifies the v3 record of an unanswered session call (records.md §7.2). */
 plm_check plm_verify_unanswered(const json_t *req, const plm_record *rec, const plm_chain *chain,
                                 plm_error **err);

@@ -38,10 +38,29 @@ static size_t seq_len(const unsigned char *s, size_t n)
     return len;
 }
 
+/* Length of the run of ASCII bytes at s[0..n), eight at a time: program output is
+ * mostly ASCII, and this is the hot loop of reading it. */
+static size_t ascii_run(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ULL)
+            break;
+    }
+    while (i < n && s[i] < 0x80)
+        i++;
+    return i;
+}
+
 bool plm_utf8_valid(const char *str, size_t len)
 {
     const unsigned char *s = (const unsigned char *)str;
     for (size_t i = 0; i < len;) {
+        i += ascii_run(s + i, len - i);
+        if (i == len)
+            break;
         size_t k = seq_len(s + i, len - i);
         if (k == 0)
             return false;
@@ -53,6 +72,14 @@ bool plm_utf8_valid(const char *str, size_t len)
 /* Maximal-subpart replacement: one U+FFFD per ill-formed byte run start, as WHATWG. */
 char *plm_utf8_lossy(const unsigned char *s, size_t len)
 {
+    if (plm_utf8_valid((const char *)s, len)) {
+        char *copy = malloc(len + 1);
+        if (copy) {
+            memcpy(copy, s, len);
+            copy[len] = '\0';
+        }
+        return copy;
+    }
     char *out = malloc(len * 3 + 1);
     if (!out)
         return NULL;

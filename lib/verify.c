@@ -136,6 +136,19 @@ static plm_check check_chain(const plm_record *rec, const plm_chain *chain, plm_
 plm_check plm_verify_answer(const json_t *req, const json_t *resp, const plm_chain *chain,
                             plm_record **out, plm_error **err)
 {
+    return plm_verify_mapped(req, resp, NULL, chain, out, err);
+}
+
+static plm_error *result_digest(const json_t *resp, const plm_result *mapped, plm_hex hex)
+{
+    if (mapped && (mapped->kind == PLM_KIND_JAVASCRIPT || mapped->kind == PLM_KIND_CELL))
+        return plm_result_digest_mapped(mapped, hex);
+    return plm_result_digest(resp, hex);
+}
+
+plm_check plm_verify_mapped(const json_t *req, const json_t *resp, const plm_result *mapped,
+                            const plm_chain *chain, plm_record **out, plm_error **err)
+{
     *out = NULL;
     *err = NULL;
     const char *floor = req_floor(req);
@@ -166,7 +179,7 @@ plm_check plm_verify_answer(const json_t *req, const json_t *resp, const plm_cha
                  rec->unanswered, "");
     } else if ((c = check_digests(req, rec, err)) != PLM_CHECK_OK) {
         /* reported */
-    } else if ((e = plm_result_digest(resp, want)) != NULL) {
+    } else if ((e = result_digest(resp, mapped, want)) != NULL) {
         *err = e;
         c = PLM_CHECK_MALFORMED;
     } else if (!same(rec->result_sha256, want)) {
