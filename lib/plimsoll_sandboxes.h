@@ -29,7 +29,9 @@ extern "C" {
 typedef struct plm_sandboxes plm_sandboxes;
 
 /* A conversation key: owner NULL names a string key (conversation = the run id);
- * otherwise both must be non-empty.  Encoded injectively (a JSON array) inside. */
+ * otherwise both must be non-empty.  Both are well-formed UTF-8.  Encoded injectively
+ * inside, as a JSON array (["run-1"], ["alice","a"]); the owner is what the per-owner
+ * cap counts, and is sent to the daemon only as its keyed digest. */
 typedef struct plm_key {
     const char *owner;
     const char *conversation;
@@ -47,20 +49,29 @@ typedef struct plm_sandboxes_options {
     plm_client *client;         /* required; borrowed, must outlive the sandboxes */
     plm_sessions_mode sessions;
     const char *const *languages; size_t n_languages; /* offered; first is the default */
-    const char *minimum_isolation; /* default "kernel" */
+    const char *minimum_isolation; /* NULL or "": "kernel" */
     int64_t timeout_ms;         /* per call; <= 0: the daemon's default */
     int64_t session_lifetime_ms, session_idle_timeout_ms; /* passed to OpenSession */
     int64_t idle_close_ms;      /* default 600000; <= 0 never closes */
     int max_sessions_per_owner; /* default 3; 0 = no cap */
     int max_sessions;           /* default 0 = no cap */
-    size_t max_output_chars;    /* default 16000, per stream, in UTF-16 code units */
-    plm_close_error_cb on_close_error; /* default: one warning on stderr naming the key digest */
+    size_t max_output_chars;    /* default (and 0): 16000, per stream, in UTF-16 code units */
+    /* Called from the loop when closing a sandbox fails; `key` (as passed: the pair for a
+     * pair) and `err` are borrowed for the call.  data_loss there means the daemon
+     * counted a call this client has no checked answer for.  Default: one stderr line
+     * "plimsoll: closing the sandbox for key <12-hex digest> failed: <message>". */
+    plm_close_error_cb on_close_error;
     void *on_close_error_ud;
 } plm_sandboxes_options;
 
 void plm_sandboxes_options_init(plm_sandboxes_options *o);
 plm_error *plm_sandboxes_new(const plm_sandboxes_options *o, plm_sandboxes **out);
-/* Closes nothing: call plm_sandboxes_dispose_all first and wait for it. */
+/* Closes nothing: call plm_sandboxes_dispose_all first and wait for it.  Like
+ * plm_client_free, it completes what is still pending before it returns: a call not yet
+ * sent with PLM_CANCELED marked request, a call whose code may have been sent with
+ * PLM_CANCELED unmarked, a dispose's `done`, a persistent query.  The client must
+ * outlive it; free the client after it (its operations still in flight then find their
+ * call detached). */
 void plm_sandboxes_free(plm_sandboxes *sb);
 
 /* One executeCode call's input. */
@@ -93,11 +104,15 @@ json_t *plm_code_output_to_json(const plm_code_output *out);
 typedef void (*plm_code_cb)(void *ud, plm_error *err, plm_code_output *out);
 typedef void (*plm_done_cb)(void *ud);
 
-/* One executeCode call; key NULL runs fresh. */
+/* One executeCode call; key NULL runs fresh.  Refused at once (marked request, the
+ * callback never called): an invalid key, no or empty code, ill-formed UTF-8, more than
+ * 198 files, a file without a path or under .plimsoll/, a language the tool does not
+ * offer, an already-fired `cancel`.  Everything else is reported through `cb`. */
 plm_error *plm_sandboxes_run(plm_sandboxes *sb, const plm_key *key, const plm_code_input *in,
                              plm_cancel *cancel, plm_code_cb cb, void *ud);
-/* Starts the key's sandbox without waiting; never evicts; open errors are swallowed.
- * Returns an error only for an invalid key. */
+/* Starts the key's sandbox without waiting; never evicts (at a cap it does nothing);
+ * a no-op when the key has an entry or under PLM_SESSIONS_NEVER; open errors are
+ * swallowed and the failed entry removed.  Returns an error only for an invalid key. */
 plm_error *plm_sandboxes_warm(plm_sandboxes *sb, const plm_key *key);
 /* Removes the key's entry now (caps count it gone) and closes its session in the
  * background; `done` (optional) runs from the loop once the close settled.  Returns an
@@ -115,7 +130,9 @@ void plm_key_digest(const plm_key *key, char out[13]);
 size_t plm_sandboxes_count(const plm_sandboxes *sb);
 
 /* The executeCode tool as a model sees it: the description (conversation scope unless
- * `fresh_scope`) and the JSON Schema of its parameters.  Both malloc'd / new refs. */
+ * `fresh_scope`, or the instance never keeps sessions) and the JSON Schema of its
+ * parameters.  Both malloc'd / new refs.  Neither connects; `sb` NULL describes the
+ * default languages. */
 char *plm_tool_description(const plm_sandboxes *sb, bool fresh_scope);
 json_t *plm_tool_parameters(const plm_sandboxes *sb);
 

@@ -445,7 +445,12 @@ static void call_done(void *ud, plm_error *err, json_t *ans)
     plm_session *s = op->s;
     plm_result *r = NULL;
     if (!s) {
-        /* The handle was freed while this call was in flight: report, touch nothing. */
+        /* The handle was freed while this call was in flight: with no chain left to
+         * check the answer against, nothing in it can be believed. */
+        if (!err)
+            err = plm_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
+                              "plimsoll: %s: the session handle was freed while this call was "
+                              "in flight; it may have run", op->method);
     } else if (err) {
         if (err->session_ended != PLM_END_OPEN)
             note_end(s, err->session_ended, err->session_ended_detail);

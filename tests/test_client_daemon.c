@@ -983,6 +983,21 @@ static void cbox_cb(void *ud, plm_error *err, plm_close_summary *sum)
     b->sum = sum;
 }
 
+static void test_S04_session_freed_with_call_in_flight_reports_canceled(void **state)
+{
+    plm_client *c = direct();
+    plm_session *s = open_session(c, NULL);
+    box b = {0};
+    plm_cell cl = {"python", "1", NULL, 0};
+    ok(plm_session_run_cell(s, &cl, NULL, box_cb, &b));
+    plm_session_free(s);
+    while (!b.done)
+        ev_run(plm_client_loop(c), EVRUN_ONCE);
+    assert_null(b.r);
+    expect(b.err, PLM_CANCELED, PLM_REFUSAL_NONE, "freed while this call was in flight");
+    plm_client_free(c);
+}
+
 static void test_S22_close_is_memoized_one_close_sent(void **state)
 {
     plm_client *c = proxied();
@@ -1141,6 +1156,7 @@ int main(void)
         cmocka_unit_test_setup(test_S19_lying_unanswered_record_stops_the_session, reset_proxy),
         cmocka_unit_test_setup(test_S20_queued_call_cancelled_before_sending, reset_proxy),
         cmocka_unit_test_setup(test_S21_ill_formed_text_in_session_call_refused_session_usable, reset_proxy),
+        cmocka_unit_test_setup(test_S04_session_freed_with_call_in_flight_reports_canceled, reset_proxy),
         cmocka_unit_test_setup(test_S22_close_is_memoized_one_close_sent, reset_proxy),
         cmocka_unit_test_setup(test_S23_close_refused_not_dispatched_clears_memo, reset_proxy),
         cmocka_unit_test_setup(test_S25_close_count_mismatch_is_data_loss_with_summary, reset_proxy),

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@ pid_t spawn_listening(char *const argv[], char *url, size_t url_len)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that dies takes its servers along */
         dup2(fds[1], STDOUT_FILENO);
         close(fds[0]);
         close(fds[1]);
