@@ -1,0 +1,26 @@
+/*
+ * app.h — what every handler needs: the loop, the configuration, the provider and
+ * the session registry.  One per process, created by main and passed as the route
+ * handlers' `app` (no globals).
+ */
+#ifndef SBX_APP_H
+#define SBX_APP_H
+
+#include "config.h"
+#include "provider.h"
+#include "sessions.h"
+
+struct ev_loop;
+struct sbx_testep;
+
+typedef struct sbx_app {
+    struct ev_loop *loop;
+    const sbx_config *cfg;
+    const sbx_provider_ops *ops;
+    sbx_provider *provider;
+    const sbx_facts *facts;
+    sbx_registry *sessions;
+    struct sbx_testep *testep;     /* NULL without --test-endpoints */
+} sbx_app;
+
+#endif

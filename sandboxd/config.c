@@ -1,0 +1,325 @@
+/*
+ * config.c — command-line parsing and the token file.
+ */
+#include "config.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIN_LIFETIME_MS 1000u
+#define MAX_LIFETIME_MS (12u * 3600u * 1000u)
+#define MAX_TOKEN_FILE_BYTES (1u << 20)
+
+static const char usage_text[] =
+    "usage: sandboxd --listen HOST:PORT --token-file FILE --provider echo [options]\n"
+    "\n"
+    "A local plimsoll daemon (protocol 3): Describe, Run, OpenSession, SessionRun and\n"
+    "CloseSession over Connect JSON on HTTP/1.1.\n"
+    "\n"
+    "  --listen HOST:PORT             address to serve on; port 0 picks a free port and the\n"
+    "                                 daemon prints `listening http://HOST:PORT` on stdout\n"
+    "  --token-file FILE              bearer tokens, one per line (blank lines and lines\n"
+    "                                 starting with # are ignored); every call needs one\n"
+    "  --provider NAME                sandbox provider: echo (a test provider that runs no\n"
+    "                                 code and answers with what it was sent)\n"
+    "  --echo-tier TIER               tier the echo provider states: process, container,\n"
+    "                                 kernel or vm (default container)\n"
+    "  --max-sessions N               open sessions daemon-wide (default 64; 0 turns\n"
+    "                                 sessions off).  Unlike plimsolld, which keeps sessions\n"
+    "                                 off until SANDBOX_MAX_SESSIONS is set, sandboxd has\n"
+    "                                 them on by default: it is the embedded default daemon\n"
+    "                                 for chat agents\n"
+    "  --max-sessions-per-caller N    sessions one token may hold (default 0 = no cap)\n"
+    "  --max-sessions-per-owner N     sessions one owner of a token may hold; at the cap an\n"
+    "                                 open replaces the owner's least recently used idle\n"
+    "                                 session (default 0 = no cap)\n"
+    "  --session-lifetime-ms N        absolute session lifetime, 1000 .. 43200000\n"
+    "                                 (default 1800000 = 30 min)\n"
+    "  --session-idle-ms N            idle timeout, 0 = never or 1000 .. 43200000 (default\n"
+    "                                 300000 = 5 min); a session no request names by its\n"
+    "                                 first idle timeout ends `unclaimed`\n"
+    "  --max-body-bytes N             largest request body (default 8388608 = 8 MiB)\n"
+    "  --test-endpoints               serve POST /test/end-sessions and POST\n"
+    "                                 /test/wait-ended (for client test suites only)\n"
+    "  --help                         this text\n"
+    "  --version                      the daemon's and the protocol's version\n";
+
+static void usage_error(const char *fmt, const char *arg)
+{
+    fputs("sandboxd: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n\n", stderr);
+    fputs(usage_text, stderr);
+}
+
+/* Strict decimal: digits only, no sign, no spaces, within [min, max]. */
+static bool parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* HOST:PORT, or [IPV6]:PORT. */
+static bool parse_listen(sbx_config *c, const char *arg)
+{
+    const char *colon;
+    const char *host = arg;
+    size_t host_len;
+    if (arg[0] == '[') {
+        const char *close = strchr(arg, ']');
+        if (!close || close[1] != ':')
+            return false;
+        host = arg + 1;
+        host_len = (size_t)(close - host);
+        colon = close + 1;
+    } else {
+        colon = strrchr(arg, ':');
+        if (!colon || strchr(arg, ':') != colon)
+            return false;
+        host_len = (size_t)(colon - arg);
+    }
+    uint64_t port;
+    if (host_len == 0 || !parse_u64(colon + 1, 0, 65535, &port))
+        return false;
+    free(c->listen_host);
+    free(c->listen_port);
+    c->listen_host = sbx_xstrndup(host, host_len);
+    c->listen_port = sbx_xstrdup(colon + 1);
+    return true;
+}
+
+static bool valid_tier(const char *t)
+{
+    return !strcmp(t, "process") || !strcmp(t, "container") || !strcmp(t, "kernel") ||
+           !strcmp(t, "vm");
+}
+
+enum {
+    OPT_LISTEN = 256, OPT_TOKEN_FILE, OPT_PROVIDER, OPT_ECHO_TIER, OPT_MAX_SESSIONS,
+    OPT_PER_CALLER, OPT_PER_OWNER, OPT_LIFETIME, OPT_IDLE, OPT_MAX_BODY, OPT_TEST_ENDPOINTS,
+    OPT_HELP, OPT_VERSION,
+};
+
+static const struct option long_options[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
+    {"provider", required_argument, NULL, OPT_PROVIDER},
+    {"echo-tier", required_argument, NULL, OPT_ECHO_TIER},
+    {"max-sessions", required_argument, NULL, OPT_MAX_SESSIONS},
+    {"max-sessions-per-caller", required_argument, NULL, OPT_PER_CALLER},
+    {"max-sessions-per-owner", required_argument, NULL, OPT_PER_OWNER},
+    {"session-lifetime-ms", required_argument, NULL, OPT_LIFETIME},
+    {"session-idle-ms", required_argument, NULL, OPT_IDLE},
+    {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY},
+    {"test-endpoints", no_argument, NULL, OPT_TEST_ENDPOINTS},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {NULL, 0, NULL, 0},
+};
+
+/* A numeric flag into a uint32 field, with its allowed range. */
+static bool set_u32(const char *name, const char *arg, uint64_t min, uint64_t max, uint32_t *out)
+{
+    uint64_t v;
+    if (!parse_u64(arg, min, max, &v)) {
+        char *msg = sbx_printf("--%s takes an integer in %llu..%llu, not \"%%s\"", name,
+                               (unsigned long long)min, (unsigned long long)max);
+        usage_error(msg, arg);
+        free(msg);
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+int sbx_config_parse(sbx_config *c, int argc, char **argv)
+{
+    memset(c, 0, sizeof *c);
+    c->echo_tier = sbx_xstrdup("container");
+    c->max_sessions = 64;
+    c->lifetime_ms = 30u * 60u * 1000u;
+    c->idle_ms = 5u * 60u * 1000u;
+    c->max_body_bytes = 8u << 20;
+
+    opterr = 0; /* we print our own messages */
+    optind = 1;
+    int opt;
+    uint64_t v;
+    while ((opt = getopt_long(argc, argv, ":", long_options, NULL)) != -1) {
+        switch (opt) {
+        case OPT_LISTEN:
+            if (!parse_listen(c, optarg)) {
+                usage_error("--listen takes HOST:PORT (or [IPV6]:PORT), not \"%s\"", optarg);
+                return 2;
+            }
+            break;
+        case OPT_TOKEN_FILE:
+            free(c->token_file);
+            c->token_file = sbx_xstrdup(optarg);
+            break;
+        case OPT_PROVIDER:
+            free(c->provider);
+            c->provider = sbx_xstrdup(optarg);
+            break;
+        case OPT_ECHO_TIER:
+            if (!valid_tier(optarg)) {
+                usage_error("--echo-tier takes process, container, kernel or vm, not \"%s\"",
+                            optarg);
+                return 2;
+            }
+            free(c->echo_tier);
+            c->echo_tier = sbx_xstrdup(optarg);
+            break;
+        case OPT_MAX_SESSIONS:
+            if (!set_u32("max-sessions", optarg, 0, 1000000, &c->max_sessions))
+                return 2;
+            break;
+        case OPT_PER_CALLER:
+            if (!set_u32("max-sessions-per-caller", optarg, 0, 1000000, &c->max_per_caller))
+                return 2;
+            break;
+        case OPT_PER_OWNER:
+            if (!set_u32("max-sessions-per-owner", optarg, 0, 1000000, &c->max_per_owner))
+                return 2;
+            break;
+        case OPT_LIFETIME:
+            if (!set_u32("session-lifetime-ms", optarg, MIN_LIFETIME_MS, MAX_LIFETIME_MS,
+                         &c->lifetime_ms))
+                return 2;
+            break;
+        case OPT_IDLE:
+            if (!set_u32("session-idle-ms", optarg, 0, MAX_LIFETIME_MS, &c->idle_ms))
+                return 2;
+            if (c->idle_ms != 0 && c->idle_ms < 1000) {
+                usage_error("--session-idle-ms takes 0 (never) or at least 1000, not \"%s\"",
+                            optarg);
+                return 2;
+            }
+            break;
+        case OPT_MAX_BODY:
+            if (!parse_u64(optarg, 64, 1u << 30, &v)) {
+                usage_error("--max-body-bytes takes an integer in 64..1073741824, not \"%s\"",
+                            optarg);
+                return 2;
+            }
+            c->max_body_bytes = (size_t)v;
+            break;
+        case OPT_TEST_ENDPOINTS:
+            c->test_endpoints = true;
+            break;
+        case OPT_HELP:
+            fputs(usage_text, stdout);
+            return 1;
+        case OPT_VERSION:
+            printf("sandboxd %s (plimsoll protocol %u)\n", SBX_VERSION, SBX_PROTOCOL);
+            return 1;
+        case ':':
+            usage_error("%s needs a value", argv[optind - 1]);
+            return 2;
+        default:
+            usage_error("unknown option \"%s\"", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        usage_error("unexpected argument \"%s\"", argv[optind]);
+        return 2;
+    }
+    if (!c->listen_host) {
+        usage_error("%s", "--listen HOST:PORT is required");
+        return 2;
+    }
+    if (!c->token_file) {
+        usage_error("%s", "--token-file FILE is required");
+        return 2;
+    }
+    if (!c->provider) {
+        usage_error("%s", "--provider is required (echo)");
+        return 2;
+    }
+    return 0;
+}
+
+/* Trims spaces, tabs and a CR (files written on Windows) from both ends. */
+static void trim(char **start, char **end)
+{
+    while (*start < *end && strchr(" \t\r", **start))
+        (*start)++;
+    while (*end > *start && strchr(" \t\r", (*end)[-1]))
+        (*end)--;
+}
+
+int sbx_config_load_tokens(sbx_config *c)
+{
+    FILE *f = fopen(c->token_file, "rb");
+    if (!f) {
+        sbx_log("cannot read the token file %s: %s", c->token_file, strerror(errno));
+        return -1;
+    }
+    char *buf = sbx_xmalloc(MAX_TOKEN_FILE_BYTES + 1);
+    size_t len = fread(buf, 1, MAX_TOKEN_FILE_BYTES + 1, f);
+    bool failed = ferror(f) != 0;
+    fclose(f);
+    if (failed || len > MAX_TOKEN_FILE_BYTES) {
+        sbx_log("cannot read the token file %s: %s", c->token_file,
+                failed ? "read error" : "larger than 1 MiB");
+        OPENSSL_cleanse(buf, len);
+        free(buf);
+        return -1;
+    }
+    buf[len] = '\0';
+    size_t cap = 0;
+    for (char *line = buf; line < buf + len;) {
+        char *nl = memchr(line, '\n', (size_t)(buf + len - line));
+        char *end = nl ? nl : buf + len;
+        char *next = nl ? nl + 1 : buf + len;
+        trim(&line, &end);
+        if (line < end && *line != '#') {
+            if (c->n_tokens == cap) {
+                cap = cap ? 2 * cap : 4;
+                c->token_hashes = sbx_xrealloc(c->token_hashes, cap * sizeof *c->token_hashes);
+            }
+            SHA256((const unsigned char *)line, (size_t)(end - line), c->token_hashes[c->n_tokens++]);
+        }
+        line = next;
+    }
+    OPENSSL_cleanse(buf, len); /* the plaintext tokens do not outlive start-up */
+    free(buf);
+    if (c->n_tokens == 0) {
+        sbx_log("the token file %s holds no token (one per line; # starts a comment)",
+                c->token_file);
+        return -1;
+    }
+    return 0;
+}
+
+void sbx_config_free(sbx_config *c)
+{
+    free(c->listen_host);
+    free(c->listen_port);
+    free(c->token_file);
+    free(c->provider);
+    free(c->echo_tier);
+    if (c->token_hashes)
+        OPENSSL_cleanse(c->token_hashes, c->n_tokens * sizeof *c->token_hashes);
+    free(c->token_hashes);
+    memset(c, 0, sizeof *c);
+}

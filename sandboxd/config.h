@@ -1,0 +1,39 @@
+/*
+ * config.h — sandboxd's command line and token file.
+ */
+#ifndef SBX_CONFIG_H
+#define SBX_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SBX_VERSION "0.1.0"
+#define SBX_PROTOCOL 3u
+
+typedef struct sbx_config {
+    char *listen_host;          /* as given, without brackets ("127.0.0.1", "::1") */
+    char *listen_port;          /* decimal; "0" picks a free port */
+    char *token_file;
+    char *provider;             /* "echo" */
+    char *echo_tier;            /* process, container, kernel or vm */
+    uint32_t max_sessions;      /* daemon-wide; 0 turns sessions off */
+    uint32_t max_per_caller;    /* 0 = no cap */
+    uint32_t max_per_owner;     /* 0 = no cap */
+    uint32_t lifetime_ms;       /* 1 s .. 12 h */
+    uint32_t idle_ms;           /* 0 = never suspend */
+    size_t max_body_bytes;
+    bool test_endpoints;
+    /* SHA-256 of each token of the token file: the tokens themselves are not kept. */
+    unsigned char (*token_hashes)[32];
+    size_t n_tokens;
+} sbx_config;
+
+/* Parses argv.  Returns 0 to run, 1 when --help or --version was printed (exit 0),
+ * 2 after printing an error and the usage to stderr (exit 2). */
+int sbx_config_parse(sbx_config *c, int argc, char **argv);
+/* Reads the token file.  Returns 0, or -1 after logging why (exit 2). */
+int sbx_config_load_tokens(sbx_config *c);
+void sbx_config_free(sbx_config *c);
+
+#endif

@@ -1,0 +1,614 @@
+/*
+ * http.c — libmicrohttpd on libev.
+ *
+ * Connections come from the listener (listener.h), which turns TLS handshakes away.
+ * MHD runs in external-select mode with its own epoll set: an ev_io watches that
+ * set's fd, an ev_timer follows MHD_get_timeout (re-armed before every loop
+ * iteration by an ev_prepare), and both call MHD_run.  A call whose answer is not
+ * ready when its handler returns is suspended; answering it later stores the
+ * response and resumes the connection, and MHD calls the access handler again, which
+ * queues the response.  In external mode MHD has no channel to wake itself after a
+ * resume ("make sure to run MHD_run() afterwards"), so a resume also starts a
+ * zero-delay timer that runs MHD on the next loop iteration — never from inside an
+ * MHD callback, where a resume can happen too.
+ *
+ * A call has two owners: MHD (until its request-completed notice) and the handler
+ * (until it answers).  Whichever lets go last frees it, so a provider that answers
+ * after its connection died never touches freed memory.
+ */
+#include "http.h"
+
+#include "config.h"
+#include "listener.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define REQUEST_ID_HEADER "Plimsoll-Request-Id"
+#define NOT_DISPATCHED_HEADER "Plimsoll-Not-Dispatched"
+
+struct sbx_http {
+    struct ev_loop *loop;
+    const sbx_config *cfg;
+    const sbx_route *routes;
+    size_t n_routes;
+    void *app;
+    struct MHD_Daemon *daemon;
+    sbx_listener *listener;
+    unsigned port;
+    ev_io io;
+    ev_timer timer;
+    ev_timer kick;                 /* MHD_run after a resume */
+    ev_prepare prepare;
+    bool quiesced;
+    size_t active;                 /* calls MHD still holds (answer not sent yet) */
+    void (*idle_cb)(void *ud);
+    void *idle_ud;
+};
+
+struct sbx_call {
+    sbx_http *h;
+    struct MHD_Connection *conn;   /* NULL once MHD is done with the request */
+    const sbx_route *route;
+    int refs;
+    bool dispatched;               /* the handler has it (until it answers) */
+    bool answered;                 /* `response` is the answer (NULL: could not build one) */
+    bool suspended;
+    int64_t started_ms;
+    char request_id[33];           /* "" unless exactly one well-formed value came */
+    char principal[65];
+    char *body;
+    size_t len, cap;
+    bool too_large;
+    size_t discarded;              /* bytes dropped after the cap (chunked bodies) */
+    json_t *json;
+    struct MHD_Response *response; /* ready to queue */
+    unsigned status;
+};
+
+/* ---------------------------------------------------------------- calls */
+
+static void call_unref(sbx_call *c)
+{
+    if (--c->refs > 0)
+        return;
+    if (c->response)
+        MHD_destroy_response(c->response);
+    free(c->body);
+    json_decref(c->json);
+    free(c);
+}
+
+const json_t *sbx_call_body(const sbx_call *c)
+{
+    return c->json;
+}
+
+const char *sbx_call_principal(const sbx_call *c)
+{
+    return c->principal;
+}
+
+int64_t sbx_call_started_ms(const sbx_call *c)
+{
+    return c->started_ms;
+}
+
+/* Headers every answer carries. */
+static void common_headers(sbx_call *c, struct MHD_Response *r)
+{
+    if (c->request_id[0])
+        MHD_add_response_header(r, REQUEST_ID_HEADER, c->request_id);
+    if (c->h->quiesced) /* draining: let clients reconnect elsewhere */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+}
+
+static struct MHD_Response *json_response(sbx_call *c, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    if (!text)
+        text = sbx_xstrdup("{\"code\":\"internal\",\"message\":\"cannot encode the answer\"}");
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return NULL;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    common_headers(c, r);
+    return r;
+}
+
+static struct MHD_Response *error_response(sbx_call *c, const sbx_err *e, unsigned *status)
+{
+    struct MHD_Response *r = json_response(c, sbx_err_body(e));
+    if (r && e->nd_header)
+        MHD_add_response_header(r, NOT_DISPATCHED_HEADER, e->nd_header);
+    if (r && e->http_status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
+    if (r && e->http_status == MHD_HTTP_UNSUPPORTED_MEDIA_TYPE)
+        MHD_add_response_header(r, "Accept-Post", "application/json");
+    *status = e->http_status ? e->http_status : sbx_http_status(e->code);
+    return r;
+}
+
+/* Stores the answer; resumes the connection if the handler answered late. */
+static void call_answer(sbx_call *c, struct MHD_Response *r, unsigned status)
+{
+    if (!c->dispatched) { /* a programming error: answered twice */
+        sbx_log("internal: a call was answered twice; the second answer is dropped");
+        if (r)
+            MHD_destroy_response(r);
+        return;
+    }
+    c->dispatched = false;
+    sbx_http *h = c->h;
+    if (c->conn) {
+        c->answered = true;
+        c->response = r;
+        c->status = status;
+        if (c->suspended) {
+            c->suspended = false;
+            MHD_resume_connection(c->conn);
+            ev_timer_start(h->loop, &h->kick);
+        }
+    } else if (r) {
+        MHD_destroy_response(r); /* the connection is gone: nobody to answer */
+    }
+    call_unref(c);
+}
+
+void sbx_call_reply_json(sbx_call *c, json_t *body)
+{
+    call_answer(c, json_response(c, body), MHD_HTTP_OK);
+}
+
+void sbx_call_reply_error(sbx_call *c, sbx_err *err)
+{
+    unsigned status = 500;
+    struct MHD_Response *r = error_response(c, err, &status);
+    sbx_err_free(err);
+    call_answer(c, r, status);
+}
+
+void sbx_call_reply_empty(sbx_call *c, unsigned status)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (r)
+        common_headers(c, r);
+    call_answer(c, r, status);
+}
+
+/* ---------------------------------------------------------------- checks before dispatch */
+
+struct id_scan {
+    unsigned count;
+    const char *value;
+};
+
+static enum MHD_Result scan_request_id(void *cls, enum MHD_ValueKind kind, const char *key,
+                                       const char *value)
+{
+    (void)kind;
+    struct id_scan *s = cls;
+    if (key && strcasecmp(key, REQUEST_ID_HEADER) == 0) {
+        s->count++;
+        s->value = value;
+    }
+    return MHD_YES;
+}
+
+/* Echoed only when exactly one value of exactly 32 lowercase hex digits came. */
+static void read_request_id(sbx_call *c)
+{
+    struct id_scan s = {0, NULL};
+    MHD_get_connection_values(c->conn, MHD_HEADER_KIND, scan_request_id, &s);
+    if (s.count != 1 || !s.value || strlen(s.value) != 32)
+        return;
+    for (size_t i = 0; i < 32; i++)
+        if (!strchr("0123456789abcdef", s.value[i]) || s.value[i] == '\0')
+            return;
+    memcpy(c->request_id, s.value, 33);
+}
+
+/* application/json, with or without parameters ("; charset=utf-8"). */
+static bool json_content_type(const char *ct)
+{
+    static const char want[] = "application/json";
+    if (!ct)
+        return false;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    if (strncasecmp(ct, want, sizeof want - 1) != 0)
+        return false;
+    ct += sizeof want - 1;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    return *ct == '\0' || *ct == ';';
+}
+
+/* Compares the token's SHA-256 with every configured one in constant time (no early
+ * exit), so timing tells nothing about which token or how much of it matched. */
+static bool authenticate(sbx_call *c)
+{
+    const char *auth = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+        return false;
+    const char *token = auth + 7;
+    while (*token == ' ')
+        token++;
+    size_t len = strlen(token);
+    while (len && (token[len - 1] == ' ' || token[len - 1] == '\t'))
+        len--;
+    if (!len)
+        return false;
+    unsigned char hash[32];
+    SHA256((const unsigned char *)token, len, hash);
+    int found = 0;
+    const sbx_config *cfg = c->h->cfg;
+    for (size_t i = 0; i < cfg->n_tokens; i++)
+        found |= CRYPTO_memcmp(hash, cfg->token_hashes[i], sizeof hash) == 0;
+    if (found)
+        sbx_hex(hash, sizeof hash, c->principal);
+    OPENSSL_cleanse(hash, sizeof hash);
+    return found;
+}
+
+static sbx_err *before_handler(sbx_err *e, const char *header)
+{
+    e->nd_header = header;
+    return e;
+}
+
+/* Checks on the request line and headers, before any of the body is read. */
+static sbx_err *check_headers(sbx_call *c, const char *url, const char *method)
+{
+    sbx_http *h = c->h;
+    for (size_t i = 0; i < h->n_routes && !c->route; i++)
+        if (strcmp(url, h->routes[i].path) == 0)
+            c->route = &h->routes[i];
+    if (!c->route) { /* HTTP 404 as Connect's router answers, whatever the code maps to */
+        sbx_err *e = sbx_err_new(PLM_UNIMPLEMENTED, PLM_REFUSAL_NONE,
+                                 "no procedure at %.200s; nothing ran", url);
+        e->http_status = MHD_HTTP_NOT_FOUND;
+        return before_handler(e, "unsupported");
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_POST) != 0) {
+        sbx_err *e = sbx_err_new(PLM_UNIMPLEMENTED, PLM_REFUSAL_NONE,
+                                 "%.200s takes POST, not %.20s; nothing ran", url, method);
+        e->http_status = MHD_HTTP_METHOD_NOT_ALLOWED;
+        return before_handler(e, "request");
+    }
+    if (h->quiesced)
+        return sbx_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_CAPACITY,
+                           "the daemon is shutting down; nothing ran");
+    if (c->route->rpc &&
+        !json_content_type(MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        sbx_err *e = sbx_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
+                                 "the body must be Content-Type application/json; nothing ran");
+        e->http_status = MHD_HTTP_UNSUPPORTED_MEDIA_TYPE;
+        return before_handler(e, "request");
+    }
+    const char *cl = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno == 0 && *end == '\0' && n > h->cfg->max_body_bytes)
+            return before_handler(
+                sbx_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
+                            "the request body (%llu bytes) is over this daemon's limit of %zu "
+                            "bytes; nothing ran", n, h->cfg->max_body_bytes),
+                "request");
+    }
+    if (c->route->rpc && !authenticate(c))
+        return sbx_err_new(PLM_UNAUTHENTICATED, PLM_REFUSAL_PERMISSION,
+                           "this daemon needs Authorization: Bearer <token> with a token of "
+                           "its token file; nothing ran");
+    return NULL;
+}
+
+/* Keeps the body up to the cap.  Past it (a chunked body with no Content-Length) the
+ * rest is dropped as it arrives, and a sender that keeps going for another cap's
+ * worth is cut off: false closes the connection. */
+static bool take_body(sbx_call *c, const char *data, size_t n)
+{
+    size_t max = c->h->cfg->max_body_bytes;
+    if (!c->too_large && c->len + n > max) {
+        c->too_large = true;
+        c->discarded = c->len;
+        free(c->body);
+        c->body = NULL;
+        c->len = c->cap = 0;
+    }
+    if (c->too_large) {
+        c->discarded += n;
+        return c->discarded <= 2 * max;
+    }
+    if (c->len + n > c->cap) {
+        c->cap = c->len + n > 2 * c->cap ? c->len + n : 2 * c->cap;
+        if (c->cap > max)
+            c->cap = max;
+        c->body = sbx_xrealloc(c->body, c->cap + 1);
+    }
+    memcpy(c->body + c->len, data, n);
+    c->len += n;
+    return true;
+}
+
+/* The whole body is here: it must be one JSON object (an empty body is the empty
+ * message, as in protobuf). */
+static sbx_err *parse_body(sbx_call *c)
+{
+    if (c->too_large)
+        return before_handler(sbx_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
+                                          "the request body is over this daemon's limit of %zu "
+                                          "bytes; nothing ran", c->h->cfg->max_body_bytes),
+                              "request");
+    if (!c->route->rpc)
+        return NULL;
+    if (c->len == 0) {
+        c->json = json_object();
+        return NULL;
+    }
+    json_error_t jerr;
+    /* Program output and code may hold NUL (\u0000); duplicate names are ambiguous. */
+    c->json = json_loadb(c->body, c->len, JSON_ALLOW_NUL | JSON_DECODE_ANY | JSON_REJECT_DUPLICATES,
+                         &jerr);
+    if (!c->json)
+        return before_handler(sbx_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
+                                          "the body is not valid JSON (%s at byte %d); nothing ran",
+                                          jerr.text, jerr.position),
+                              "request");
+    if (!json_is_object(c->json))
+        return before_handler(sbx_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
+                                          "the body is not a JSON object; nothing ran"),
+                              "request");
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- MHD callbacks */
+
+static enum MHD_Result queue(sbx_call *c)
+{
+    struct MHD_Response *r = c->response;
+    c->response = NULL;
+    if (!r) /* no answer could be built, or it is already queued: close the connection */
+        return MHD_NO;
+    enum MHD_Result ok = MHD_queue_response(c->conn, c->status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* An answer written before any handler: the call never reaches `dispatched`. */
+static enum MHD_Result refuse_now(sbx_call *c, sbx_err *e)
+{
+    c->response = error_response(c, e, &c->status);
+    sbx_log("refused %s before dispatch: %s %s", c->route ? c->route->path : "(no route)",
+            plm_code_name(e->code), e->message);
+    sbx_err_free(e);
+    return queue(c);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    (void)version;
+    sbx_http *h = cls;
+    sbx_call *c = *con_cls;
+    if (!c) { /* headers are in, nothing of the body yet */
+        c = sbx_xcalloc(1, sizeof *c);
+        c->h = h;
+        c->conn = conn;
+        c->refs = 1; /* MHD's, dropped at the request-completed notice */
+        c->started_ms = sbx_now_ms();
+        h->active++;
+        *con_cls = c;
+        read_request_id(c);
+        sbx_err *e = check_headers(c, url, method);
+        return e ? refuse_now(c, e) : MHD_YES;
+    }
+    if (c->answered) /* after a resume (or a spurious call once answered) */
+        return queue(c);
+    if (*upload_data_size) {
+        bool more = take_body(c, upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return more ? MHD_YES : MHD_NO;
+    }
+    if (c->dispatched || c->suspended)
+        return MHD_YES; /* spurious call while the handler works */
+    sbx_err *e = parse_body(c);
+    if (e)
+        return refuse_now(c, e);
+    c->dispatched = true;
+    c->refs++; /* the handler's, dropped when it answers */
+    c->route->handler(h->app, c);
+    if (c->answered) /* answered right away */
+        return queue(c);
+    if (c->dispatched) { /* answered later: park the connection */
+        c->suspended = true;
+        MHD_suspend_connection(conn);
+    }
+    return MHD_YES;
+}
+
+/* The answer is sent (or the connection died): MHD lets go of the call. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)conn;
+    (void)toe;
+    sbx_http *h = cls;
+    sbx_call *c = *con_cls;
+    *con_cls = NULL;
+    if (!c)
+        return;
+    c->conn = NULL;
+    c->suspended = false;
+    call_unref(c);
+    if (--h->active == 0 && h->idle_cb)
+        h->idle_cb(h->idle_ud);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+        line[--n] = '\0';
+    sbx_log("http: %s", line);
+}
+
+/* ---------------------------------------------------------------- libev glue */
+
+static void run_mhd(sbx_http *h)
+{
+    MHD_run(h->daemon);
+}
+
+static void on_epoll_ready(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    run_mhd(w->data);
+}
+
+static void on_mhd_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    run_mhd(w->data);
+}
+
+/* Before the loop blocks: wake up when MHD next needs to run (timeouts, and at once
+ * when it holds data already read but not processed). */
+static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)revents;
+    sbx_http *h = w->data;
+    MHD_UNSIGNED_LONG_LONG ms;
+    ev_timer_stop(loop, &h->timer);
+    if (MHD_get_timeout(h->daemon, &ms) == MHD_YES) {
+        ev_timer_set(&h->timer, (double)ms / 1000.0, 0.);
+        ev_timer_start(loop, &h->timer);
+    }
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+/* A connection accepted (and sniffed) by the listener: MHD takes it from here. */
+static void on_accepted(void *ud, int fd, const struct sockaddr *addr, socklen_t len)
+{
+    sbx_http *h = ud;
+    /* On failure MHD closes the socket itself. */
+    if (MHD_add_connection(h->daemon, fd, addr, len) != MHD_YES)
+        sbx_log("http: could not take a new connection (limit reached?)");
+    ev_timer_start(h->loop, &h->kick); /* external mode: MHD picks it up in MHD_run */
+}
+
+sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_route *routes,
+                       size_t n_routes, void *app, char **why)
+{
+    sbx_http *h = sbx_xcalloc(1, sizeof *h);
+    h->loop = loop;
+    h->cfg = cfg;
+    h->routes = routes;
+    h->n_routes = n_routes;
+    h->app = app;
+    int listen_fd = sbx_listen_bind(cfg->listen_host, cfg->listen_port, &h->port, why);
+    if (listen_fd < 0) {
+        free(h);
+        return NULL;
+    }
+    /* MHD gets no listening socket: the listener accepts and hands connections over. */
+    h->daemon = MHD_start_daemon(
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG,
+        0, NULL, NULL, on_request, h,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first, so every message goes through it */
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)1000,
+        MHD_OPTION_END);
+    if (!h->daemon) {
+        *why = sbx_xstrdup("libmicrohttpd would not start (epoll with suspend/resume)");
+        close(listen_fd);
+        free(h);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!info || info->epoll_fd < 0) {
+        *why = sbx_xstrdup("libmicrohttpd has no epoll fd");
+        MHD_stop_daemon(h->daemon);
+        close(listen_fd);
+        free(h);
+        return NULL;
+    }
+    ev_io_init(&h->io, on_epoll_ready, info->epoll_fd, EV_READ);
+    h->io.data = h;
+    ev_io_start(loop, &h->io);
+    ev_timer_init(&h->timer, on_mhd_timer, 0., 0.);
+    h->timer.data = h;
+    ev_timer_init(&h->kick, on_mhd_timer, 0., 0.);
+    h->kick.data = h;
+    ev_prepare_init(&h->prepare, on_prepare);
+    h->prepare.data = h;
+    ev_prepare_start(loop, &h->prepare);
+    h->listener = sbx_listener_new(loop, listen_fd, on_accepted, h);
+    return h;
+}
+
+unsigned sbx_http_port(const sbx_http *h)
+{
+    return h->port;
+}
+
+void sbx_http_quiesce(sbx_http *h)
+{
+    h->quiesced = true;
+    sbx_listener_stop(h->listener);
+}
+
+size_t sbx_http_active(const sbx_http *h)
+{
+    return h->active;
+}
+
+void sbx_http_on_idle(sbx_http *h, void (*cb)(void *ud), void *ud)
+{
+    h->idle_cb = cb;
+    h->idle_ud = ud;
+}
+
+void sbx_http_free(sbx_http *h)
+{
+    if (!h)
+        return;
+    ev_io_stop(h->loop, &h->io);
+    ev_timer_stop(h->loop, &h->timer);
+    ev_timer_stop(h->loop, &h->kick);
+    ev_prepare_stop(h->loop, &h->prepare);
+    sbx_listener_free(h->listener);
+    MHD_stop_daemon(h->daemon); /* closes the connections, each with its completed notice */
+    free(h);
+}

@@ -1,0 +1,153 @@
+// kernel.js - sandboxd's persistent JavaScript interpreter (one per session sandbox).
+//
+// Started by the in-sandbox supervisor as `node --expose-internals -e <this>` with fd 0
+// /dev/null, fd 1 and fd 2 the cell's stdout and stderr pipes (synchronous writes on
+// Linux), fd 3 the requests and fd 4 the replies.  Frames on fds 3/4 are a 4-byte
+// little-endian length and a body:
+//   request  nonce (32 ASCII hex) + code (UTF-8)
+//   reply    "R" (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
+// Notebook semantics: cells run as scripts in this process's global context; top-level
+// let/const/class become var so names can be declared again; top-level await works
+// (Node's REPL transform); a final value that is not undefined is stored as
+// globalThis._ and printed with util.inspect.  Errors end the cell, never the
+// interpreter; uncaught errors between cells are printed, never fatal.
+'use strict';
+(() => {
+  const fs = require('fs');
+  const net = require('net');
+  const path = require('path');
+  const url = require('url');
+  const util = require('util');
+  const vm = require('vm');
+  const Module = require('module');
+  let acorn = null;
+  let toplevelAwait = null;
+  try { acorn = require('internal/deps/acorn/acorn/dist/acorn'); } catch (e) { /* plain */ }
+  try { toplevelAwait = require('internal/repl/await').processTopLevelAwait; } catch (e) { /* plain */ }
+
+  const work = process.cwd();
+  globalThis.require = Module.createRequire(path.join(work, '[cell]'));
+  const inspectOptions = { depth: 4, maxArrayLength: 100, maxStringLength: 10000 };
+
+  function send(body) {
+    const b = Buffer.from(body, 'latin1');
+    const head = Buffer.alloc(4);
+    head.writeUInt32LE(b.length, 0);
+    const all = Buffer.concat([head, b]);
+    let off = 0;
+    while (off < all.length) off += fs.writeSync(4, all, off);
+  }
+
+  function show(text) {
+    try { fs.writeSync(2, text); } catch (e) { /* stderr gone */ }
+  }
+
+  function describe(e) {
+    if (e instanceof Error && typeof e.stack === 'string') {
+      // Keep the cell's frames and the code it called, drop the kernel's own.
+      const lines = e.stack.split('\n').filter((l) =>
+        !/^\s+at .*(\(node:|\[eval\]|evalmachine\.<anonymous>)/.test(l));
+      return lines.join('\n');
+    }
+    return 'Uncaught ' + util.inspect(e, inspectOptions);
+  }
+
+  process.on('uncaughtException', (e) => show(describe(e) + '\n'));
+  process.on('unhandledRejection', (e) => show('Unhandled rejection: ' + describe(e) + '\n'));
+
+  // Top-level let/const -> var and `class X {}` -> `var X = class X {};`, so a later
+  // cell may declare the same names again.
+  function rewrite(code) {
+    if (!acorn) return code;
+    let ast;
+    try {
+      ast = acorn.parse(code, { ecmaVersion: 'latest', sourceType: 'script',
+        allowAwaitOutsideFunction: true, allowReturnOutsideFunction: false,
+        allowHashBang: true });
+    } catch (e) {
+      return code; // let V8 report the syntax error
+    }
+    const edits = [];
+    for (const node of ast.body) {
+      if (node.type === 'VariableDeclaration' && (node.kind === 'let' || node.kind === 'const')) {
+        edits.push([node.start, node.start + node.kind.length, 'var']);
+      } else if (node.type === 'ClassDeclaration' && node.id) {
+        edits.push([node.start, node.start, 'var ' + node.id.name + ' = ']);
+        edits.push([node.end, node.end, ';']);
+      }
+    }
+    let out = code;
+    for (let i = edits.length - 1; i >= 0; i--) {
+      const [a, b, text] = edits[i];
+      out = out.slice(0, a) + text + out.slice(b);
+    }
+    return out;
+  }
+
+  function importer(specifier) {
+    if (specifier.startsWith('./') || specifier.startsWith('../') || specifier.startsWith('/')) {
+      return import(url.pathToFileURL(path.resolve(work, specifier)).href);
+    }
+    return import(specifier);
+  }
+
+  let n = 0;
+  async function runCell(code) {
+    n += 1;
+    const filename = 'cell' + n + '.js';
+    try {
+      const src = rewrite(code);
+      const wrapped = toplevelAwait && /\bawait\b/.test(src) ? toplevelAwait(src) : null;
+      let value;
+      if (wrapped) {
+        const script = new vm.Script(wrapped, { filename, importModuleDynamically: importer });
+        const r = await script.runInThisContext({ displayErrors: true });
+        value = r ? r.value : undefined;
+      } else {
+        const script = new vm.Script(src, { filename, importModuleDynamically: importer });
+        value = script.runInThisContext({ displayErrors: true });
+      }
+      if (value !== undefined) {
+        globalThis._ = value;
+        process.stdout.write(util.inspect(value, inspectOptions) + '\n');
+      }
+      return '0';
+    } catch (e) {
+      show(describe(e) + '\n');
+      return '1';
+    }
+  }
+
+  // Requests arrive on fd 3; cells run one after another in arrival order.
+  let buf = Buffer.alloc(0);
+  const queue = [];
+  let busy = false;
+  async function pump() {
+    if (busy) return;
+    busy = true;
+    while (queue.length) {
+      const req = queue.shift();
+      const nonce = req.subarray(0, 32).toString('latin1');
+      const status = await runCell(req.subarray(32).toString('utf8'));
+      // One turn of the event loop, so what the cell set off at once (an unhandled
+      // rejection, an immediate) is reported with it.
+      await new Promise((resolve) => setImmediate(resolve));
+      send('D' + status + nonce);
+    }
+    busy = false;
+  }
+  const input = new net.Socket({ fd: 3, readable: true, writable: false });
+  input.on('data', (chunk) => {
+    buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
+    while (buf.length >= 4) {
+      const size = buf.readUInt32LE(0);
+      if (buf.length < 4 + size) break;
+      queue.push(buf.subarray(4, 4 + size));
+      buf = buf.subarray(4 + size);
+    }
+    pump();
+  });
+  input.on('end', () => process.exit(0));
+  input.on('error', () => process.exit(0));
+  send('R');
+})();

@@ -1,0 +1,57 @@
+/*
+ * proc.h — child processes on the daemon's loop: start one with chosen stdio and a
+ * set-up step run in the child, learn of its exit through a pidfd (no SIGCHLD
+ * handler, no waitpid(-1) that could reap someone else's child), and run short helper
+ * commands (runsc pause, runsc delete) with a time bound and their stderr kept.
+ */
+#ifndef SBX_PROC_H
+#define SBX_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct ev_loop;
+
+typedef struct sbx_watch sbx_watch;
+/* `status` is waitpid's status. */
+typedef void (*sbx_exit_cb)(void *ud, int status);
+
+/* Runs in the forked child before exec (the daemon has one thread, so ordinary calls
+ * are safe there).  Returns 0, or an errno to report as the exec failure. */
+typedef int (*sbx_preexec_fn)(void *ud);
+
+typedef struct sbx_spawn {
+    const char *const *argv;       /* argv[0] is an absolute path */
+    const char *const *envp;       /* NULL: an empty environment */
+    int fd0, fd1, fd2;             /* -1: /dev/null */
+    bool new_session;              /* setsid() */
+    bool die_with_parent;          /* PR_SET_PDEATHSIG SIGKILL */
+    sbx_preexec_fn preexec;
+    void *preexec_ud;
+} sbx_spawn;
+
+/* Forks and execs.  Returns the pid, or -1 with errno (and the child's own failure,
+ * an exec or a preexec error, shows as exit status 127 with a line on fd2). */
+pid_t sbx_spawn_process(const sbx_spawn *sp);
+
+/* Watches `pid` (a child of ours); `cb` runs once from the loop when it exited and was
+ * reaped.  Returns NULL when no watch could be set (the pid is then reaped at once
+ * if it already exited; otherwise the caller must kill and reap it). */
+sbx_watch *sbx_watch_child(struct ev_loop *loop, pid_t pid, sbx_exit_cb cb, void *ud);
+/* Stops watching without reaping (the caller takes over). */
+void sbx_watch_cancel(sbx_watch *w);
+
+/* Runs argv with stdin and stdout on /dev/null, waits at most `timeout_s` (then
+ * SIGKILL), and calls `cb` with its wait status (-1 when it could not start or was
+ * killed at the bound) and what it printed on stderr (at most 4 KiB, NUL-terminated). */
+typedef void (*sbx_cmd_cb)(void *ud, int status, const char *err);
+void sbx_cmd_run(struct ev_loop *loop, const char *const *argv, double timeout_s, sbx_cmd_cb cb,
+                 void *ud);
+/* The same, blocking (start-up checks and the final clean-up after the loop ended). */
+int sbx_cmd_run_sync(const char *const *argv, double timeout_s, char *err, size_t err_len);
+
+/* Blocking wait for a child with a bound; SIGKILL at the bound.  Returns the status. */
+int sbx_wait_bounded(pid_t pid, double timeout_s);
+
+#endif

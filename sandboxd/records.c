@@ -1,0 +1,191 @@
+/*
+ * records.c — the JSON of results (proto3 mapping: zero values omitted, int64 as
+ * decimal strings, bytes as padded base64, enums by name) and their records.
+ */
+#include "records.h"
+
+#include "util.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_bytes(json_t *o, const char *name, const sbx_buf *b)
+{
+    if (!b->len)
+        return;
+    char *text = sbx_base64(b->data, b->len, true);
+    json_object_set_new(o, name, json_string(text));
+    free(text);
+}
+
+static void set_bool(json_t *o, const char *name, bool v)
+{
+    if (v)
+        json_object_set_new(o, name, json_true());
+}
+
+static void set_i32(json_t *o, const char *name, int32_t v)
+{
+    if (v)
+        json_object_set_new(o, name, json_integer(v));
+}
+
+static void set_i64(json_t *o, const char *name, int64_t v)
+{
+    if (v) {
+        char text[24];
+        snprintf(text, sizeof text, "%" PRId64, v);
+        json_object_set_new(o, name, json_string(text));
+    }
+}
+
+static void set_str(json_t *o, const char *name, const char *v)
+{
+    if (v && *v)
+        json_object_set_new(o, name, json_string(v));
+}
+
+static const char *outcome_name(int outcome)
+{
+    static const char *const names[] = {
+        "PROJECT_OUTCOME_UNSPECIFIED", "PROJECT_OUTCOME_COMPLETED", "PROJECT_OUTCOME_SETUP_FAILED",
+        "PROJECT_OUTCOME_TIMED_OUT", "PROJECT_OUTCOME_PROTOCOL_ERROR",
+    };
+    return outcome >= 0 && (size_t)outcome < SBX_ARRAY_LEN(names) ? names[outcome] : names[0];
+}
+
+static json_t *project_json(const sbx_result *r)
+{
+    json_t *p = json_object();
+    if (r->n_steps) {
+        json_t *steps = json_array();
+        for (size_t i = 0; i < r->n_steps; i++) {
+            const sbx_step_result *st = &r->steps[i];
+            json_t *s = json_object();
+            set_str(s, "command", st->command);
+            set_bytes(s, "stdout", &st->out);
+            set_bytes(s, "stderr", &st->err);
+            set_i32(s, "exitCode", st->exit_code);
+            set_bool(s, "timedOut", st->timed_out);
+            set_i64(s, "durationMs", st->duration_ms);
+            set_bool(s, "stdoutTruncated", st->out_truncated);
+            set_bool(s, "stderrTruncated", st->err_truncated);
+            json_array_append_new(steps, s);
+        }
+        json_object_set_new(p, "steps", steps);
+    }
+    if (r->outcome)
+        json_object_set_new(p, "outcome", json_string(outcome_name(r->outcome)));
+    if (r->n_artifacts) {
+        json_t *arts = json_array();
+        for (size_t i = 0; i < r->n_artifacts; i++) {
+            json_t *a = json_object();
+            set_str(a, "path", r->artifacts[i].path);
+            set_bytes(a, "content", &r->artifacts[i].content);
+            json_array_append_new(arts, a);
+        }
+        json_object_set_new(p, "artifacts", arts);
+    }
+    set_str(p, "outcomeDetail", r->outcome_detail);
+    set_bool(p, "artifactsTruncated", r->artifacts_truncated);
+    return p;
+}
+
+/* JavaScriptResult and CellResult share their first six fields. */
+static json_t *streams_json(const sbx_result *r, bool cell)
+{
+    json_t *o = json_object();
+    set_bytes(o, "stdout", &r->out);
+    set_bytes(o, "stderr", &r->err);
+    set_i32(o, "exitCode", r->exit_code);
+    set_bool(o, "timedOut", r->timed_out);
+    set_bool(o, "stdoutTruncated", r->out_truncated);
+    set_bool(o, "stderrTruncated", r->err_truncated);
+    if (cell) {
+        set_bool(o, "interpreterStarted", r->interpreter_started);
+        set_bool(o, "interpreterEnded", r->interpreter_ended);
+    }
+    return o;
+}
+
+static plm_record *record_new(const sbx_record_ctx *c, uint32_t version, const char *request_sha,
+                              const char *result_sha, const char *unanswered, sbx_err **err)
+{
+    plm_record *rec = sbx_xcalloc(1, sizeof *rec);
+    rec->version = version;
+    rec->request_sha256 = sbx_xstrdup(request_sha);
+    rec->result_sha256 = sbx_xstrdup(result_sha);
+    rec->unanswered = sbx_xstrdup(unanswered);
+    rec->provider = sbx_xstrdup(c->provider);
+    rec->isolation = sbx_xstrdup(c->isolation);
+    rec->environment = sbx_xstrdup(c->environment ? c->environment : "");
+    rec->policy = sbx_xstrdup(c->policy ? c->policy : "");
+    rec->software_identity = sbx_xstrdup(c->software_identity ? c->software_identity : "");
+    rec->software_rule_id = sbx_xstrdup(c->software_rule_id ? c->software_rule_id : "");
+    rec->started_unix_ms = c->started_ms;
+    rec->ended_unix_ms = c->ended_ms;
+    rec->session = sbx_xstrdup(c->session ? c->session : "");
+    rec->sequence = c->sequence;
+    rec->previous_sha256 = sbx_xstrdup(c->previous ? c->previous : "");
+    plm_hex hex;
+    plm_error *perr = plm_record_digest(rec, hex);
+    if (perr) {
+        *err = sbx_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "cannot digest the run record: %s",
+                           perr->message ? perr->message : "?");
+        plm_error_free(perr);
+        plm_record_free(rec);
+        return NULL;
+    }
+    rec->record_sha256 = sbx_xstrdup(hex);
+    return rec;
+}
+
+json_t *sbx_answer(const sbx_record_ctx *ctx, const sbx_result *res, const char *request_sha256,
+                   plm_record **record_out, sbx_err **err)
+{
+    *record_out = NULL;
+    json_t *resp = json_object();
+    set_str(resp, "sandbox", ctx->provider);
+    set_str(resp, "isolation", ctx->isolation);
+    set_i64(resp, "durationMs", ctx->ended_ms - ctx->started_ms);
+    set_str(resp, "softwareIdentity", ctx->software_identity);
+    set_str(resp, "environment", ctx->environment);
+    switch (res->kind) {
+    case SBX_KIND_JAVASCRIPT:
+        json_object_set_new(resp, "javascript", streams_json(res, false));
+        break;
+    case SBX_KIND_PROJECT:
+        json_object_set_new(resp, "project", project_json(res));
+        break;
+    case SBX_KIND_CELL:
+        json_object_set_new(resp, "cell", streams_json(res, true));
+        break;
+    default:
+        break;
+    }
+    plm_hex result_sha;
+    plm_error *perr = plm_result_digest(resp, result_sha);
+    if (perr) {
+        *err = sbx_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "cannot digest the result: %s",
+                           perr->message ? perr->message : "?");
+        plm_error_free(perr);
+        json_decref(resp);
+        return NULL;
+    }
+    plm_record *rec = record_new(ctx, 2, request_sha256, result_sha, "", err);
+    if (!rec) {
+        json_decref(resp);
+        return NULL;
+    }
+    json_object_set_new(resp, "record", plm_record_to_json(rec));
+    *record_out = rec;
+    return resp;
+}
+
+plm_record *sbx_unanswered_record(const sbx_record_ctx *ctx, const char *request_sha256,
+                                  plm_code code, sbx_err **err)
+{
+    return record_new(ctx, 3, request_sha256, "", plm_code_name(code), err);
+}

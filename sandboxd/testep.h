@@ -1,0 +1,22 @@
+/*
+ * testep.h — endpoints for client test suites (--test-endpoints only), as plimsoll's
+ * test daemons serve them (client.md §10, conformance D59):
+ *   POST /test/end-sessions  ends every session as `expired`; 200, no body.
+ *   POST /test/wait-ended    200 once every opened session has ended, 504 after 10 s.
+ * No token is needed: they exist only on a daemon started for tests.
+ */
+#ifndef SBX_TESTEP_H
+#define SBX_TESTEP_H
+
+#include "app.h"
+#include "http.h"
+
+typedef struct sbx_testep sbx_testep;
+
+sbx_testep *sbx_testep_new(sbx_app *app);
+void sbx_testep_free(sbx_testep *t);
+
+void sbx_test_end_sessions(void *app, sbx_call *call);
+void sbx_test_wait_ended(void *app, sbx_call *call);
+
+#endif

@@ -1,0 +1,124 @@
+/*
+ * util.c — allocation, strings, time, randomness, hex and base64 helpers.
+ */
+#include "util.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void out_of_memory(void)
+{
+    fputs("sandboxd: out of memory\n", stderr);
+    abort();
+}
+
+void *sbx_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        out_of_memory();
+    return p;
+}
+
+void *sbx_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        out_of_memory();
+    return p;
+}
+
+void *sbx_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q)
+        out_of_memory();
+    return q;
+}
+
+char *sbx_xstrdup(const char *s)
+{
+    return s ? sbx_xstrndup(s, strlen(s)) : NULL;
+}
+
+char *sbx_xstrndup(const char *s, size_t n)
+{
+    char *d = sbx_xmalloc(n + 1);
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+char *sbx_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        out_of_memory(); /* only an encoding error can get here; treat as fatal */
+    char *s = sbx_xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+int64_t sbx_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void sbx_hex(const unsigned char *data, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[data[i] >> 4];
+        out[2 * i + 1] = digits[data[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+bool sbx_random_hex(size_t n, char *out)
+{
+    unsigned char buf[64];
+    if (n > sizeof buf || RAND_bytes(buf, (int)n) != 1)
+        return false;
+    sbx_hex(buf, n, out);
+    return true;
+}
+
+char *sbx_base64(const unsigned char *data, size_t len, bool padded)
+{
+    /* EVP_EncodeBlock takes an int length; bodies are capped far below INT_MAX. */
+    size_t cap = 4 * ((len + 2) / 3) + 1;
+    char *out = sbx_xmalloc(cap);
+    int n = EVP_EncodeBlock((unsigned char *)out, data, (int)len);
+    if (n < 0)
+        n = 0;
+    out[n] = '\0';
+    if (!padded)
+        while (n > 0 && out[n - 1] == '=')
+            out[--n] = '\0';
+    return out;
+}
+
+bool sbx_charset_ok(const char *s, size_t len, size_t max, const char *extra)
+{
+    if (!s || len == 0 || len > max)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum && (c == '\0' || !strchr(extra, c)))
+            return false;
+    }
+    return true;
+}
