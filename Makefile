@@ -19,7 +19,8 @@ MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 # Debian 12 packages the project needs to build, test and demo.
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
-        bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl
+        bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
+        lua-busted
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -41,6 +42,9 @@ EXAMPLE_SRC := $(sort $(wildcard runtime/examples/*.c))
 EXAMPLE_BIN := $(EXAMPLE_SRC:runtime/examples/%.c=$(BUILD)/examples/%)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+# Keep intermediate objects: test programs share them, and builds may overlap.
+.SECONDARY:
 
 .PHONY: all deps test demo bench install clean check-asan check-valgrind fuzz
 RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/berth) \
@@ -66,7 +70,7 @@ $(BUILD)/libberth.a: $(RT_OBJ)
 
 # -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
 $(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
-	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(LDLIBS)
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
 
 $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
@@ -74,7 +78,7 @@ $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 
 $(BUILD)/examples/%: runtime/examples/%.c $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LUA_LIBS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
 
 $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 	@rm -f $@
@@ -91,11 +95,11 @@ $(BUILD)/sandboxd: $(SBX_OBJ) $(BUILD)/libplimsoll.a
 
 $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h runtime/*.h) $(if $(RT_SRC),$(BUILD)/libberth.a)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(LDLIBS) -lcmocka
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) -lcmocka
 
-$(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a
+$(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(if $(RT_SRC),$(BUILD)/libberth.a)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests/lib $(CFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all tests
@@ -150,6 +154,13 @@ install: all
 	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/plimsoll.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 755 $(BUILD)/sandboxd $(DESTDIR)$(PREFIX)/bin/
+	if [ -x $(BUILD)/berth ]; then \
+	  install -d $(DESTDIR)$(PREFIX)/share/berth/scripts $(DESTDIR)$(PREFIX)/share/man/man1; \
+	  install -m 755 $(BUILD)/berth $(DESTDIR)$(PREFIX)/bin/; \
+	  install -m 644 $(BUILD)/libberth.a $(DESTDIR)$(PREFIX)/lib/; \
+	  install -m 644 runtime/berth.h $(DESTDIR)$(PREFIX)/include/; \
+	  install -m 644 scripts/*.lua $(DESTDIR)$(PREFIX)/share/berth/scripts/; \
+	  install -m 644 runtime/berth.1 $(DESTDIR)$(PREFIX)/share/man/man1/; fi
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -7,10 +7,12 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
 for t in "$@"; do
     name=$(basename "$t")
     echo "== $name"
+    # A hung program fails instead of stalling the run (TEST_TIMEOUT seconds each).
     case "$t" in
-        *.sh) "$t" >"$log" 2>&1; rc=$? ;;
-        *) $WRAP "$t" >"$log" 2>&1; rc=$? ;;   # WRAP: e.g. valgrind, from check-valgrind
+        *.sh) timeout -k 10 "${TEST_TIMEOUT:-600}" "$t" >"$log" 2>&1; rc=$? ;;
+        *) timeout -k 10 "${TEST_TIMEOUT:-600}" $WRAP "$t" >"$log" 2>&1; rc=$? ;;  # WRAP: valgrind
     esac
+    [ "$rc" -eq 124 ] && echo "$name: timed out after ${TEST_TIMEOUT:-600} s" >>"$log"
     cat "$log"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')

@@ -2,7 +2,7 @@
  * fault.c — start the fault-injection proxy and talk to its control endpoints.
  */
 #include "fault.h"
-#include "spawn.h"
+#include "launch.h"
 
 #include <curl/curl.h>
 #include <jansson.h>

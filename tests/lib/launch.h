@@ -1,8 +1,8 @@
 /*
- * spawn.h — start a test server process and wait for its "listening URL" line.
+ * launch.h — start a test server process and wait for its "listening URL" line.
  */
-#ifndef TESTS_SPAWN_H
-#define TESTS_SPAWN_H
+#ifndef TESTS_LAUNCH_H
+#define TESTS_LAUNCH_H
 
 #include <stddef.h>
 #include <sys/types.h>

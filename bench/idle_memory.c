@@ -1,0 +1,240 @@
+/*
+ * bench/idle_memory.c — what an idle conversation costs, with 10 000 of them in one
+ * host.
+ *
+ * One host with the shipped hooks (scripts/code_chat.lua) and the scripted model.
+ * Three states are measured, each after two full collections of the Lua state (an
+ * object with a finalizer goes in the cycle after the one that found it garbage):
+ *   opened     berth_conv_open only: the C record and the ctx table;
+ *   one turn   after one scripted turn each (history: system, user, assistant), idle,
+ *              waiting for the next message (its idle timer armed);
+ *   suspended  after the idle timeout: onSuspend ran (with a daemon, the sandbox is
+ *              disposed).
+ * Figures per conversation: allocator bytes in use (glibc mallinfo2 uordblks: the C
+ * records, the Lua state — whose allocator is malloc — jansson, libplimsoll), of which
+ * the Lua state's own bytes, and the RSS growth.  Target: <= 8 KiB (allocator bytes).
+ *
+ * Without a daemon, warm answers "Nothing ran" at once; with --sandboxd PATH every
+ * conversation also warms a real sandbox in sandboxd (provider echo) during the "one
+ * turn" state, which adds the sandbox layer's entry for it.  Bounded: --time-limit.
+ */
+#include <getopt.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ev.h>
+#include <lua.h>
+
+#include "berth.h"
+#include "plimsoll.h"
+#include "sbxproc.h"
+
+#define TARGET 8192.0
+
+typedef struct bench {
+  struct ev_loop *loop;
+  berth_host *h;
+  unsigned n;
+  unsigned long long ended, suspended;
+  bool timed_out;
+} bench;
+
+static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *i)
+{
+  (void)c;
+  (void)i;
+  bench *b = ud;
+  if (++b->ended == b->n)
+    ev_break(b->loop, EVBREAK_ALL);
+}
+
+static void on_suspended(void *ud, berth_conv *c)
+{
+  (void)c;
+  bench *b = ud;
+  if (++b->suspended == b->n)
+    ev_break(b->loop, EVBREAK_ALL);
+}
+
+static void on_limit(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)revents;
+  ((bench *)w->data)->timed_out = true;
+  ev_break(loop, EVBREAK_ALL);
+}
+
+static void quiet(void *ud, berth_log_level level, const char *m)
+{
+  (void)ud;
+  if (level == BERTH_LOG_ERROR)
+    fprintf(stderr, "berth: %s\n", m);
+}
+
+typedef struct snap {
+  double alloc, lua, rss;
+} snap;
+
+static snap take(bench *b)
+{
+  lua_State *L = berth_host_lua(b->h);
+  lua_gc(L, LUA_GCCOLLECT, 0);
+  lua_gc(L, LUA_GCCOLLECT, 0);
+  malloc_trim(0);
+  struct mallinfo2 mi = mallinfo2();
+  berth_stats st;
+  berth_host_stats(b->h, &st);
+  long pages = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+      resident = 0;
+    fclose(f);
+  }
+  return (snap){(double)mi.uordblks, (double)st.lua_bytes,
+                (double)resident * (double)sysconf(_SC_PAGESIZE)};
+}
+
+static void show(const char *what, snap base, snap s, unsigned n, bool *met)
+{
+  double per = (s.alloc - base.alloc) / n;
+  printf("  %-10s %6.0f B allocator (%5.0f B of it Lua), RSS +%6.0f B per conversation"
+         "  %s\n", what, per, (s.lua - base.lua) / n, (s.rss - base.rss) / n,
+         per <= TARGET ? "" : "(over the target)");
+  if (per > TARGET)
+    *met = false;
+}
+
+int main(int argc, char **argv)
+{
+  unsigned n = 10000;
+  double limit = 120;
+  const char *sandboxd = NULL;
+  const char *scripts = getenv("BERTH_SCRIPTS") && *getenv("BERTH_SCRIPTS")
+                        ? getenv("BERTH_SCRIPTS") : "scripts";
+  static const struct option opts[] = {
+    {"conversations", required_argument, NULL, 'c'}, {"sandboxd", required_argument, NULL, 'd'},
+    {"time-limit", required_argument, NULL, 'l'}, {"scripts", required_argument, NULL, 's'},
+    {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}
+  };
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
+    switch (ch) {
+      case 'c': n = (unsigned)atoi(optarg); break;
+      case 'd': sandboxd = optarg; break;
+      case 'l': limit = atof(optarg); break;
+      case 's': scripts = optarg; break;
+      default:
+        printf("usage: idle_memory [--conversations N (10000)] [--sandboxd PATH] "
+               "[--time-limit S (120)] [--scripts DIR]\n");
+        return ch == 'h' ? 0 : 2;
+    }
+  if (!n)
+    return 2;
+  plm_global_init();
+  sbx_proc sbx;
+  memset(&sbx, 0, sizeof sbx);
+  if (sandboxd) {
+    char count[32];
+    snprintf(count, sizeof count, "%u", n + 16);
+    const char *extra[] = {"--max-sessions", count, NULL};
+    setenv("BUILD", "build", 0);
+    if (sbx_start(&sbx, extra) != 0)
+      return 1;
+  }
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.n = n;
+  b.loop = ev_loop_new(EVFLAG_AUTO);
+  char script[] = "/tmp/berth-bench-idle-XXXXXX.lua";
+  int fd = mkstemps(script, 4);
+  const char text[] =
+    "return { loop = true, turns = { { user = '*', replies = { { say = 'ok' } } } } }\n";
+  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+    return 1;
+  close(fd);
+  char spec[64], hooks[4096];
+  snprintf(spec, sizeof spec, "scripted:%s", script);
+  snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
+  berth_model *model = NULL;
+  berth_error *e = berth_model_open(b.loop, spec, &model);
+  unlink(script);
+  if (e) {
+    fprintf(stderr, "idle_memory: %s\n", e->message);
+    return 1;
+  }
+  berth_options o;
+  berth_options_init(&o);
+  o.loop = b.loop;
+  o.hooks_file = hooks;
+  o.lib_dir = scripts;
+  o.model = model;
+  o.log = quiet;
+  o.idle_timeout = 3600;         /* suspended below, on purpose */
+  if (sandboxd) {
+    o.daemon_url = sbx.url;
+    o.daemon_token = sbx.token;
+    o.minimum_isolation = "container";
+    o.max_concurrent_turns = 256;
+  }
+  berth_callbacks cb = {0};
+  cb.on_turn_end = on_turn_end;
+  cb.on_suspended = on_suspended;
+  cb.ud = &b;
+  o.callbacks = cb;
+  if ((e = berth_host_open(&o, &b.h))) {
+    fprintf(stderr, "idle_memory: %s\n", e->message);
+    return 1;
+  }
+  ev_timer lim;
+  ev_timer_init(&lim, on_limit, limit, 0.);
+  lim.data = &b;
+  ev_timer_start(b.loop, &lim);
+  ev_unref(b.loop);
+
+  berth_conv **convs = calloc(n, sizeof *convs);
+  snap base = take(&b);
+  for (unsigned i = 0; i < n; i++)
+    if ((e = berth_conv_open(b.h, NULL, &convs[i]))) {
+      fprintf(stderr, "idle_memory: %s\n", e->message);
+      return 1;
+    }
+  snap opened = take(&b);
+  for (unsigned i = 0; i < n; i++)
+    berth_conv_message(convs[i], "hello");
+  ev_run(b.loop, 0);
+  berth_stats st;
+  berth_host_stats(b.h, &st);
+  unsigned long long sandboxes = st.sandboxes;
+  snap turned = take(&b);
+  for (unsigned i = 0; i < n; i++)
+    berth_conv_suspend(convs[i]);
+  if (!b.timed_out)
+    ev_run(b.loop, 0);
+  snap suspended = take(&b);
+
+  bool met = !b.timed_out && b.ended == n && b.suspended == n;
+  printf("idle_memory: %u conversations in one host, %s\n", n,
+         sandboxd ? "sandboxd (echo) warmed for each" : "no daemon");
+  show("opened", base, opened, n, &met);
+  show("one turn", base, turned, n, &met);
+  show("suspended", base, suspended, n, &met);
+  printf("  sandboxes held after the turns: %llu; turns %llu, suspends %llu%s\n", sandboxes,
+         b.ended, b.suspended, b.timed_out ? " (time limit reached)" : "");
+  printf("  target <= %.0f B per idle conversation (allocator bytes): %s\n", TARGET,
+         met ? "met" : "NOT met");
+
+  ev_ref(b.loop);
+  ev_timer_stop(b.loop, &lim);
+  for (unsigned i = 0; i < n; i++)
+    berth_conv_free(convs[i]);
+  free(convs);
+  berth_host_free(b.h);
+  berth_model_free(model);
+  ev_loop_destroy(b.loop);
+  if (sandboxd)
+    sbx_stop(&sbx);
+  return met ? 0 : 1;
+}

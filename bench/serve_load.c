@@ -1,0 +1,310 @@
+/*
+ * bench/serve_load.c — a load run through `berth serve` against sandboxd (echo).
+ *
+ * Starts build/sandboxd (--max-sessions above the conversation count) and
+ * build/berth serve on it with a scripted model whose every turn runs one cell — the
+ * user's message as code — and says "ran: <message>".  Opens --conversations
+ * conversations (default 1000, spread over the two callers), then drives all of them
+ * at once, each through --cells turns (default 10) one after another, at most
+ * --concurrency streams in flight (default: all).  The message of turn t of
+ * conversation c is `v = "c<c>-t<t>"`, so every result names where it belongs.
+ *
+ * Checks every turn's event stream:
+ *   lost           a turn without its tool_result or its turn_end, a transport error,
+ *                  a status other than 200;
+ *   misclassified  a tool_result that is an error, or whose stdout is not exactly
+ *                  `python <t>: v = "c<c>-t<t>"` (the echo of this conversation's t-th
+ *                  cell in its own sandbox), or a turn_end not ok, or a tool_result
+ *                  whose id is not the tool_call's;
+ * then cross-checks the server's own counters (GET /metrics), stops it with SIGTERM
+ * (which disposes every sandbox) and checks it exits 0.
+ *
+ * Prints turns/s, cells, lost, misclassified, p50/p99/max turn latency (client side:
+ * request sent to the stream's end).  Bounded: --time-limit (default 100 s) stops the
+ * run and reports it as failed.  Scale down with --conversations / --cells.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "sbxproc.h"
+#include "servetest.h"
+
+static const char script[] =
+  "return { template = true, loop = true, turns = {\n"
+  "  { user = '*', replies = {\n"
+  "    { call = { code = '{{user}}' } },\n"
+  "    { say = 'ran: {{user}}' } } } } }\n";
+
+typedef struct conv {
+  char id[40];
+  int caller;
+  unsigned turn;                 /* turns started */
+  st_stream st;
+  bool active;
+} conv;
+
+typedef struct run {
+  st_server *srv;
+  CURLM *multi;
+  conv *convs;
+  unsigned n, cells, concurrency, in_flight, next;
+  unsigned long long done, lost, misclassified, cells_ok;
+  double *lat;
+  size_t n_lat;
+  double deadline;
+  bool timed_out;
+  char first_problem[512];
+} run;
+
+static void problem(run *r, const char *fmt, const char *a, const char *b)
+{
+  if (!r->first_problem[0])
+    snprintf(r->first_problem, sizeof r->first_problem, fmt, a, b);
+}
+
+static void start_turn(run *r, conv *c, unsigned idx)
+{
+  char url[256], body[128];
+  snprintf(url, sizeof url, "%s/v1/conversations/%s/messages", r->srv->url, c->id);
+  snprintf(body, sizeof body, "{\"content\": \"v = \\\"c%u-t%u\\\"\"}", idx, c->turn + 1);
+  c->st.ud = c;
+  st_stream_start(&c->st, r->multi, url, r->srv->token[c->caller], body);
+  c->turn++;
+  c->active = true;
+  r->in_flight++;
+}
+
+static void check_turn(run *r, conv *c, unsigned idx)
+{
+  st_stream *st = &c->st;
+  r->lat[r->n_lat++] = st->ended - st->started;
+  if (st->result != CURLE_OK || st->status != 200) {
+    r->lost++;
+    problem(r, "transport or status failure on %s (%s)", c->id,
+            curl_easy_strerror(st->result));
+    return;
+  }
+  json_t *ev = st_stream_events(st);
+  const json_t *call = NULL, *res = NULL, *end = NULL;
+  size_t i;
+  json_t *e;
+  json_array_foreach(ev, i, e) {
+    const char *name = json_string_value(json_object_get(e, "event"));
+    const json_t *data = json_object_get(e, "data");
+    if (!strcmp(name, "tool_call"))
+      call = data;
+    else if (!strcmp(name, "tool_result"))
+      res = data;
+    else if (!strcmp(name, "turn_end"))
+      end = data;
+  }
+  if (!call || !res || !end) {
+    r->lost++;
+    problem(r, "a turn of %s lost an event: %s", c->id, st->buf ? st->buf : "");
+    json_decref(ev);
+    return;
+  }
+  char want[128];
+  snprintf(want, sizeof want, "python %u: v = \"c%u-t%u\"", c->turn, idx, c->turn);
+  const json_t *result = json_object_get(res, "result");
+  const char *out = json_string_value(json_object_get(result, "stdout"));
+  if (!result || !out || strcmp(out, want) != 0 || !json_is_true(json_object_get(end, "ok")) ||
+      !json_equal(json_object_get(res, "id"), json_object_get(call, "id"))) {
+    r->misclassified++;
+    char *text = json_dumps(res, JSON_COMPACT);
+    problem(r, "misclassified: wanted %s, got %s", want, text ? text : "?");
+    free(text);
+  } else
+    r->cells_ok++;
+  json_decref(ev);
+}
+
+/* Called by st_pump on every round: retire finished turns, start the next ones. */
+static bool step(void *ud)
+{
+  run *r = ud;
+  for (unsigned i = 0; i < r->n; i++) {
+    conv *c = &r->convs[i];
+    if (!c->active || !c->st.done)
+      continue;
+    c->active = false;
+    r->in_flight--;
+    r->done++;
+    check_turn(r, c, i);
+    st_stream_free(&c->st, r->multi);
+    if (c->turn < r->cells && st_now() < r->deadline)
+      start_turn(r, c, i);
+  }
+  /* conversations not started yet, as slots free up */
+  while (r->next < r->n && r->in_flight < r->concurrency && st_now() < r->deadline)
+  {
+    start_turn(r, &r->convs[r->next], r->next);
+    r->next++;
+  }
+  if (st_now() >= r->deadline && r->in_flight == 0) {
+    r->timed_out = r->done < (unsigned long long)r->n * r->cells;
+    return true;
+  }
+  return r->done == (unsigned long long)r->n * r->cells;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double quantile(const double *v, size_t n, double q)
+{
+  if (!n)
+    return 0;
+  size_t i = (size_t)ceil(q * (double)n);
+  return v[i ? i - 1 : 0];
+}
+
+static double metric(const char *text, const char *name)
+{
+  size_t n = strlen(name);
+  for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+    if (!strncmp(p, name, n) && p[n] == ' ')
+      return atof(p + n + 1);
+  return -1;
+}
+
+int main(int argc, char **argv)
+{
+  unsigned n = 1000, cells = 10, concurrency = 0, max_turns = 256;
+  double limit = 100;
+  static const struct option opts[] = {
+    {"conversations", required_argument, NULL, 'n'}, {"cells", required_argument, NULL, 'c'},
+    {"concurrency", required_argument, NULL, 'k'},
+    {"max-concurrent-turns", required_argument, NULL, 'm'},
+    {"time-limit", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}
+  };
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
+    switch (ch) {
+      case 'n': n = (unsigned)atoi(optarg); break;
+      case 'c': cells = (unsigned)atoi(optarg); break;
+      case 'k': concurrency = (unsigned)atoi(optarg); break;
+      case 'm': max_turns = (unsigned)atoi(optarg); break;
+      case 'l': limit = atof(optarg); break;
+      default:
+        printf("usage: serve_load [--conversations N (1000)] [--cells N (10)] "
+               "[--concurrency N (all)] [--max-concurrent-turns N (256)] "
+               "[--time-limit S (100)]\n");
+        return ch == 'h' ? 0 : 2;
+    }
+  if (!n || !cells)
+    return 2;
+  if (!concurrency || concurrency > n)
+    concurrency = n;
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  signal(SIGPIPE, SIG_IGN);
+  sbx_proc sbx;
+  char max_sessions[32], max_convs[32], turns[32];
+  snprintf(max_sessions, sizeof max_sessions, "%u", n + 64);
+  snprintf(max_convs, sizeof max_convs, "%u", n);
+  snprintf(turns, sizeof turns, "%u", max_turns);
+  const char *sbx_args[] = {"--max-sessions", max_sessions, NULL};
+  if (sbx_start(&sbx, sbx_args) != 0)
+    return 1;
+  const char *serve_args[] = {"--daemon", sbx.url, "--token-file-daemon", sbx.token_file,
+                              "--max-conversations", max_convs, "--max-concurrent-turns",
+                              turns, "--max-queued-messages", max_convs, NULL};
+  st_server srv;
+  if (st_start(&srv, script, serve_args) != 0) {
+    sbx_stop(&sbx);
+    return 1;
+  }
+  run r;
+  memset(&r, 0, sizeof r);
+  r.srv = &srv;
+  r.n = n;
+  r.cells = cells;
+  r.concurrency = concurrency;
+  r.convs = calloc(n, sizeof *r.convs);
+  r.lat = calloc((size_t)n * cells, sizeof *r.lat);
+  r.multi = curl_multi_init();
+  curl_multi_setopt(r.multi, CURLMOPT_MAXCONNECTS, (long)concurrency + 16);
+  int status = 1;
+  double t_open = st_now();
+  char url[256];
+  snprintf(url, sizeof url, "%s/v1/conversations", srv.url);
+  for (unsigned i = 0; i < n; i++) {
+    json_t *j = NULL;
+    r.convs[i].caller = (int)(i % 2);
+    long code = st_call_json("POST", url, srv.token[r.convs[i].caller], NULL, &j);
+    const char *id = json_string_value(json_object_get(j, "id"));
+    if (code != 201 || !id) {
+      fprintf(stderr, "serve_load: opening conversation %u: HTTP %ld\n", i, code);
+      json_decref(j);
+      goto out;
+    }
+    snprintf(r.convs[i].id, sizeof r.convs[i].id, "%s", id);
+    json_decref(j);
+  }
+  double opened = st_now() - t_open;
+
+  double t0 = st_now();
+  r.deadline = t0 + limit;
+  st_pump(r.multi, step, &r, limit + 30);
+  double wall = st_now() - t0;
+  unsigned long long want = (unsigned long long)n * cells;
+  unsigned long long unfinished = want - r.done;
+
+  char *metrics = NULL;
+  snprintf(url, sizeof url, "%s/metrics", srv.url);
+  st_call("GET", url, srv.token[0], NULL, &metrics);
+  double m_cells = metric(metrics, "berth_cells_total{outcome=\"ok\"}");
+  double m_cell_err = metric(metrics, "berth_cells_total{outcome=\"error\"}");
+  double m_turns = metric(metrics, "berth_turns_total{outcome=\"ok\"}");
+  double m_sandboxes = metric(metrics, "berth_sandboxes");
+  free(metrics);
+  double t_stop = st_now();
+  int exit_code = st_stop(&srv);
+  double stopped = st_now() - t_stop;
+
+  qsort(r.lat, r.n_lat, sizeof *r.lat, cmp_double);
+  printf("serve_load: %u conversations x %u cells through berth serve (sandboxd echo), "
+         "%u streams at once, --max-concurrent-turns %u\n", n, cells, concurrency, max_turns);
+  printf("  opened            %u conversations in %.2f s\n", n, opened);
+  printf("  turns             %llu of %llu in %.2f s -> %.0f turns/s (one cell each)\n",
+         r.done, want, wall, (double)r.done / wall);
+  printf("  results lost      %llu (+%llu never finished)\n", r.lost, unfinished);
+  printf("  misclassified     %llu\n", r.misclassified);
+  printf("  turn latency      p50 %.1f ms, p99 %.1f ms, max %.1f ms (client: request to "
+         "stream end)\n", quantile(r.lat, r.n_lat, 0.5) * 1000,
+         quantile(r.lat, r.n_lat, 0.99) * 1000, r.n_lat ? r.lat[r.n_lat - 1] * 1000 : 0);
+  printf("  server counters   %.0f cells ok, %.0f cells failed, %.0f turns ok, %.0f "
+         "sandboxes held\n", m_cells, m_cell_err, m_turns, m_sandboxes);
+  printf("  SIGTERM           exit %d after %.2f s (every sandbox disposed)\n", exit_code,
+         stopped);
+  if (r.first_problem[0])
+    printf("  first problem     %s\n", r.first_problem);
+  bool ok = !r.timed_out && unfinished == 0 && r.lost == 0 && r.misclassified == 0 &&
+            r.cells_ok == want && m_cells == (double)want && m_cell_err == 0 && exit_code == 0;
+  printf("  result            %s\n", ok ? "ok: 0 results lost, 0 misclassified"
+                                        : r.timed_out ? "FAILED (time limit)" : "FAILED");
+  status = ok ? 0 : 1;
+out:
+  for (unsigned i = 0; i < n; i++)
+    if (r.convs[i].active)
+      st_stream_free(&r.convs[i].st, r.multi);
+  curl_multi_cleanup(r.multi);
+  free(r.convs);
+  free(r.lat);
+  if (srv.pid > 0)
+    st_stop(&srv);
+  sbx_stop(&sbx);
+  curl_global_cleanup();
+  return status;
+}

@@ -1,0 +1,305 @@
+/*
+ * berth.h — the berth host: Lua 5.4 hook scripts driving chat agents whose code runs
+ * in verified plimsoll sandboxes (libplimsoll, plimsoll_sandboxes.h).  Link with
+ * libberth, libplimsoll, Lua 5.4, jansson, libcurl, OpenSSL, libev (and
+ * libmicrohttpd for `berth serve`).
+ *
+ * Model:
+ *   - One host = one lua_State on one caller-supplied libev loop.  Every hook call
+ *     (onTurnStart, onTurn, onSuspend, onComplete, or a file run by berth_run_file) is
+ *     a coroutine; natives that wait (sandbox.executeCode, sandbox.dispose,
+ *     model.chat, sleep) yield it and the loop resumes it when the wait is over.
+ *   - ONE LOOP THREAD: a host and everything it owns (conversations, the model, the
+ *     sandbox layer) must be used only from the thread that runs its loop, and every
+ *     callback below runs on that thread, from the loop.  Nothing here is
+ *     thread-safe; to feed a host from other threads, hand work to the loop thread
+ *     (ev_async).  No global state: any number of hosts may live in one process, each
+ *     on its own loop (call plm_global_init() once per process first).
+ *   - Hooks are contained: an instruction budget per hook call, a memory cap for the
+ *     state, a restricted global environment.  A failing hook is logged with its
+ *     traceback and reported to its conversation as an error; the host and the other
+ *     conversations go on.
+ *   - A conversation (berth_conv) follows Trigger.dev's chat-agent life cycle
+ *     (client.md §8.1): each message runs onTurnStart then onTurn; after the idle
+ *     timeout without a message it suspends (onSuspend); berth_conv_complete runs
+ *     onComplete.  Messages that arrive while a turn runs wait their turn.
+ *   - Many conversations: an idle conversation costs its small C record and its ctx
+ *     table (its message history) — no coroutine, no sandbox once suspended.  Limits
+ *     (berth_options) bound conversations, turns running at once (others queue, in
+ *     arrival order) and queued messages; what is over a limit is refused with a
+ *     "capacity" error and changes nothing.
+ *   - Errors are values: functions that can fail return a berth_error (NULL on
+ *     success) with a short stable code and a message a person can act on; the
+ *     caller frees it with berth_error_free.  Older int-returning calls are kept.
+ */
+#ifndef BERTH_H
+#define BERTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BERTH_VERSION "0.1.0"
+
+struct ev_loop;
+struct lua_State;
+typedef struct berth_host berth_host;
+typedef struct berth_conv berth_conv;
+typedef struct berth_model berth_model;     /* model.h */
+
+/* ---------------------------------------------------------------- errors */
+
+/* An error value.  `code` is a static string, one of:
+ *   "invalid_argument"  the call was malformed (a NULL message, a bad option)
+ *   "capacity"          a limit was reached (conversations, queued messages); retry later
+ *   "shutting_down"     the host is shutting down and takes no new work
+ *   "completed"         the conversation is completing or completed
+ *   "exists"            a conversation with this run id is open already
+ *   "hook"              a hook failed (events only)
+ *   "cancelled"         the turn was cancelled by the host's shutdown (events only)
+ *   "unavailable"       a model could not be set up
+ * and in tool results the sandbox layer's codes ("environment", "data_loss", …). */
+typedef struct berth_error {
+  const char *code;
+  char *message;
+} berth_error;
+
+void berth_error_free(berth_error *e);
+
+/* ---------------------------------------------------------------- events */
+
+typedef enum berth_log_level {
+  BERTH_LOG_DEBUG, BERTH_LOG_INFO, BERTH_LOG_WARN, BERTH_LOG_ERROR
+} berth_log_level;
+
+typedef void (*berth_log_fn)(void *ud, berth_log_level level, const char *message);
+
+/* A conversation event, for a face (terminal, replay transcript, SSE) to show.  Kinds
+ * the host emits: "user" (string), "error" ({hook, message, code}), "turnEnd" ({turn,
+ * ok, seconds, cells}), "suspend", "resume", "complete".  Kinds the default hooks emit
+ * with ctx:emit / ctx:say: "assistant" (string), "delta" (string), "toolCall" (the
+ * model's call: {id, type, function = {name, arguments}}), "toolResult" ({id, result}
+ * or {id, error, code}).  `data` is borrowed for the duration of the call; it may be
+ * NULL.  The callback may send, suspend or complete, but must not free the
+ * conversation or the host. */
+typedef void (*berth_event_fn)(void *ud, berth_conv *conv, const char *kind,
+                               const json_t *data);
+
+/* What berth_callbacks.on_turn_end reports. */
+typedef struct berth_turn_info {
+  unsigned turn;                 /* 1 for the conversation's first turn */
+  bool ok;                       /* no hook of the turn failed, it was not cancelled */
+  double seconds;                /* from berth_conv_message to the end (queueing too) */
+  unsigned cells;                /* executeCode calls that answered during the turn */
+  unsigned cell_errors;          /* of those, the ones that failed (infrastructure) */
+} berth_turn_info;
+
+/* Typed callbacks, in the order they come for a turn:
+ *   on_turn_start (the message) → [on_delta … on_message] → on_tool_call →
+ *   on_tool_result → … → on_turn_end;
+ * on_error may come anywhere (a hook failed; then on_turn_end has ok false).
+ * on_suspended after onSuspend ran, on_completed after onComplete ran.
+ * Each is optional; all get `ud` and the conversation (berth_conv_userdata(conv)
+ * gives the caller's per-conversation pointer).  Strings and JSON are borrowed for
+ * the duration of the call.  The same rules as berth_event_fn hold: a callback may
+ * send, suspend or complete, but must not free the conversation or the host. */
+typedef struct berth_callbacks {
+  void (*on_turn_start)(void *ud, berth_conv *c, const char *message);
+  /* A piece of the assistant's text as the model streams it. */
+  void (*on_delta)(void *ud, berth_conv *c, const char *text, size_t len);
+  /* The assistant's whole text for one model step (after its deltas). */
+  void (*on_message)(void *ud, berth_conv *c, const char *text, size_t len);
+  /* A tool call starts: its id, the tool's name, its arguments (JSON text). */
+  void (*on_tool_call)(void *ud, berth_conv *c, const char *id, const char *name,
+                       const char *arguments);
+  /* Its result: exactly one of `result` (the tool result object the model sees) and
+   * `err` (an infrastructure failure: code and message) is non-NULL. */
+  void (*on_tool_result)(void *ud, berth_conv *c, const char *id, const json_t *result,
+                         const berth_error *err);
+  void (*on_turn_end)(void *ud, berth_conv *c, const berth_turn_info *info);
+  void (*on_suspended)(void *ud, berth_conv *c);
+  void (*on_completed)(void *ud, berth_conv *c);
+  void (*on_error)(void *ud, berth_conv *c, const berth_error *err);
+  void *ud;
+} berth_callbacks;
+
+/* ---------------------------------------------------------------- the host */
+
+typedef struct berth_options {
+  struct ev_loop *loop;          /* required */
+  const char *hooks_file;        /* Lua file returning the hooks table; NULL: none */
+  /* Searched first by require; the only directory restricted hooks may read.  NULL:
+   * the hooks file's directory (or the working directory without one). */
+  const char *scripts_dir;
+  const char *lib_dir;           /* also searched by require (the shipped scripts) */
+  bool unrestricted;             /* full standard library (berth lua); default off */
+  size_t memory_limit;           /* bytes for the Lua state; 0 = none (256 MiB) */
+  long long instruction_budget;  /* per hook call; 0 = none (default 200 000 000) */
+  double idle_timeout;           /* seconds before a quiet conversation suspends (30) */
+  /* The plimsoll daemon.  A NULL url leaves the sandbox natives answering
+   * "Nothing ran (environment): …". */
+  const char *daemon_url, *daemon_token;
+  const char *minimum_isolation; /* the floor (default "kernel") */
+  int64_t timeout_ms;            /* per executeCode call; <= 0: the daemon's default */
+  berth_model *model;            /* borrowed; NULL: model.chat answers nil, msg */
+  berth_event_fn on_event;       /* every event, as JSON (may be NULL) */
+  void *event_ud;
+  berth_callbacks callbacks;     /* typed callbacks (each may be NULL) */
+  berth_log_fn log;              /* NULL: "berth: …" lines on stderr */
+  void *log_ud;
+  bool handle_sighup;            /* SIGHUP reloads hooks_file */
+  /* Limits; 0 = none.  max_conversations bounds berth_conv_open; max_concurrent_turns
+   * bounds turns running at once (more wait, first come first served);
+   * max_queued_messages bounds messages accepted and not yet started, host-wide;
+   * max_sandboxes and max_sandboxes_per_owner are the sandbox layer's caps (idle
+   * sandboxes are closed least recently used first; "capacity" when all are busy;
+   * per owner the layer's default is 3). */
+  size_t max_conversations;
+  size_t max_concurrent_turns;
+  size_t max_queued_messages;
+  int max_sandboxes;
+  int max_sandboxes_per_owner;   /* 0: the layer's default (3); < 0: no cap */
+  /* berth_host_shutdown lets running turns finish for this long, then cancels them
+   * (seconds; 0 = the default, 10; < 0 = cancel at once). */
+  double shutdown_grace;
+} berth_options;
+
+void berth_options_init(berth_options *o);
+/* Creates the host and loads the hooks file.  Returns 0, or -1 with *err (malloc'd). */
+int berth_host_new(const berth_options *o, berth_host **out, char **err);
+/* The same, with the error as a value. */
+berth_error *berth_host_open(const berth_options *o, berth_host **out);
+/* Loads the hooks file again; on any error the old hooks stay and -1 is returned
+ * (the reason is logged).  Hook calls already running finish on the old code. */
+int berth_host_reload(berth_host *h);
+/* Shuts the host down, gracefully: from now on new conversations and messages are
+ * refused ("shutting_down"); messages not started yet end at once (turn start, an
+ * error "shutting_down", turn end); running turns and hooks get
+ * options.shutdown_grace to finish, after which they are cancelled (an error
+ * "cancelled", then turn end — their daemon calls are cancelled too); idle timers
+ * stop; then every sandbox is disposed (plm_sandboxes_dispose_all) and `done` runs
+ * from the loop once every close settled.  Conversations stay allocated (free them,
+ * or let berth_host_free).  During a shutdown, a berth_conv_complete `done` callback
+ * may free its own conversation, no other.  Call before berth_host_free when a
+ * daemon is configured. */
+void berth_host_shutdown(berth_host *h, void (*done)(void *ud), void *ud);
+bool berth_host_shutting_down(const berth_host *h);
+/* Ends running hook calls (without running their remaining code) and frees all. */
+void berth_host_free(berth_host *h);
+struct lua_State *berth_host_lua(berth_host *h);
+struct ev_loop *berth_host_loop(berth_host *h);
+/* Hook errors reported so far (each also logged and sent as an "error" event). */
+unsigned berth_host_errors(const berth_host *h);
+
+/* ---------------------------------------------------------------- statistics */
+
+#define BERTH_HIST_BUCKETS 16
+
+/* A latency histogram: counts per bucket (not cumulative); bucket i holds values
+ * <= berth_hist_bound(i), the last one the rest (+Inf). */
+typedef struct berth_hist {
+  uint64_t count;
+  double sum;                    /* seconds */
+  uint64_t buckets[BERTH_HIST_BUCKETS];
+} berth_hist;
+
+/* The upper bound of bucket i in seconds (INFINITY for the last). */
+double berth_hist_bound(int i);
+/* The q-quantile (0..1) estimated from the buckets (the bucket's upper bound). */
+double berth_hist_quantile(const berth_hist *hist, double q);
+
+typedef struct berth_stats {
+  uint64_t conversations;        /* open now */
+  uint64_t conversations_opened, conversations_completed;
+  uint64_t turns_started, turns_ended, turns_failed, turns_cancelled;
+  uint64_t turns_running;        /* holding a slot now */
+  uint64_t messages_queued;      /* accepted, not started */
+  uint64_t cells, cell_errors;   /* executeCode calls answered; of those failed */
+  uint64_t hook_errors;
+  uint64_t capacity_refusals;    /* conversations or messages refused at a limit */
+  uint64_t sandboxes;            /* held by the sandbox layer now */
+  uint64_t lua_bytes;            /* the Lua state's memory now */
+  berth_hist turn_seconds;       /* message accepted → turn end */
+  berth_hist cell_seconds;       /* executeCode call → answer */
+} berth_stats;
+
+void berth_host_stats(const berth_host *h, berth_stats *out);
+/* Calls fn for each class of error counted so far: source "cell" (executeCode
+ * failures by code: "capacity", "data_loss", …), "hook" (class "hook"), "host"
+ * (classes "capacity", "cancelled", "shutting_down"). */
+void berth_host_error_classes(const berth_host *h,
+                              void (*fn)(void *ud, const char *source, const char *cls,
+                                         uint64_t n),
+                              void *ud);
+/* The statistics in the Prometheus text format (version 0.0.4), metric names
+ * prefixed "berth_".  malloc'd. */
+char *berth_host_metrics(const berth_host *h);
+
+/* ---------------------------------------------------------------- conversations */
+
+typedef struct berth_conv_options {
+  /* The run id (the sandbox key, ctx.runId; it appears in log lines).  NULL: a new
+   * one, "conv-<n>".  Must be unique among the host's open conversations. */
+  const char *run_id;
+  /* The owner the server authenticated (ctx.userId; the sandbox's owner when the
+   * hooks warm with it).  NULL: none. */
+  const char *user_id;
+  /* Data for the hooks (ctx.metadata), a JSON object (borrowed; copied).  NULL: none. */
+  const json_t *metadata;
+  void *ud;                      /* berth_conv_userdata */
+} berth_conv_options;
+
+/* Opens a conversation.  Errors: "capacity" (max_conversations), "shutting_down",
+ * "exists" (the run id is taken), "invalid_argument". */
+berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_conv **out);
+/* A conversation identified by its run id (the sandbox key); user_id (optional) is the
+ * owner the server authenticated, handed to hooks as ctx.userId.  No limits apply;
+ * NULL only when shutting down. */
+berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_id);
+/* Queues a user message: runs onTurnStart then onTurn (resuming a suspended
+ * conversation first), when a turn slot is free.  Errors: "completed",
+ * "shutting_down", "capacity" (max_queued_messages), "invalid_argument". */
+berth_error *berth_conv_message(berth_conv *c, const char *message);
+/* The same; returns -1 on any of those errors. */
+int berth_conv_send(berth_conv *c, const char *message);
+/* Suspends as if the idle timeout had passed (after the queued turns). */
+void berth_conv_suspend(berth_conv *c);
+/* Completes the conversation after the queued turns: runs onComplete, then `done`
+ * (which may free the conversation).  Further messages are refused ("completed"). */
+void berth_conv_complete(berth_conv *c, void (*done)(void *ud, berth_conv *c), void *ud);
+bool berth_conv_busy(const berth_conv *c);
+bool berth_conv_suspended(const berth_conv *c);
+bool berth_conv_completing(const berth_conv *c);
+const char *berth_conv_run_id(const berth_conv *c);
+const char *berth_conv_user_id(const berth_conv *c);
+unsigned berth_conv_turns(const berth_conv *c);
+void *berth_conv_userdata(const berth_conv *c);
+void berth_conv_set_userdata(berth_conv *c, void *ud);
+/* Frees the conversation; a hook call it still runs is ended. */
+void berth_conv_free(berth_conv *c);
+
+/* ---------------------------------------------------------------- models */
+
+/* A model adapter by spec ("scripted:FILE"; see runtime/README.md), on `loop`.
+ * Free it with berth_model_free after the hosts that use it. */
+berth_error *berth_model_open(struct ev_loop *loop, const char *spec, berth_model **out);
+void berth_model_free(berth_model *m);
+
+/* ---------------------------------------------------------------- files */
+
+/* Runs a Lua file as a coroutine with berth's modules loaded (`berth lua`): argv[0]
+ * is the file, the rest its arguments (global `arg` and `...`).  `done` runs from the
+ * loop with 0, or 1 after printing the error and traceback. */
+int berth_run_file(berth_host *h, int argc, char **argv,
+                   void (*done)(void *ud, int status), void *ud);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BERTH_H */

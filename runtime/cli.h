@@ -1,0 +1,58 @@
+/*
+ * cli.h — the berth command (cli.c) and what its faces share: a local sandboxd
+ * started and stopped by berth (daemon.c) and the transcript printer (transcript.c).
+ */
+#ifndef BERTH_CLI_H
+#define BERTH_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "berth.h"
+
+int berth_cli_main(int argc, char **argv);
+/* `berth serve` (serve.c). */
+int berth_cmd_serve(int argc, char **argv);
+
+/* The directory of the shipped scripts (code_chat.lua): $BERTH_SCRIPTS, else next to
+ * the executable (../scripts, ../share/berth/scripts).  malloc'd, or NULL. */
+char *berth_find_scripts_dir(void);
+
+/* {====================================================== local daemon */
+
+typedef struct berth_daemon {
+  pid_t pid;
+  int out_fd;                   /* its stdout, kept open so late writes cannot fail */
+  char url[256];
+  char token[80];
+  char token_file[64];
+} berth_daemon;
+
+/* Starts `sandboxd --listen 127.0.0.1:0 --token-file <new file> --provider provider`
+ * (path NULL: $BERTH_SANDBOXD, else next to berth, else PATH) and reads its one
+ * `listening URL` line (bounded wait).  Returns 0, or -1 with a message on stderr. */
+int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, bool verbose);
+/* SIGTERM, bounded wait for the drain, SIGKILL if it hangs; removes the token file. */
+void berth_daemon_stop(berth_daemon *d);
+
+/* }====================================================== */
+
+/* {====================================================== transcript */
+
+typedef struct berth_transcript {
+  FILE *out;
+  bool streaming;               /* print deltas as they come (chat) */
+  bool in_delta;                /* a delta line is open */
+  unsigned turn;
+} berth_transcript;
+
+/* Prints one conversation event (a berth_event_fn body). */
+void berth_transcript_event(berth_transcript *t, const char *kind, const json_t *data);
+void berth_transcript_check(berth_transcript *t, bool ok, const char *what);
+
+/* }====================================================== */
+
+#endif

@@ -1,0 +1,494 @@
+/*
+ * http.c — streaming POSTs on one libcurl multi handle driven by the host's libev
+ * loop (http.h).  The shape is curl's evhiperfifo example and lib/transport.c.
+ *
+ * The curl callbacks (header, write) only record: the status and the headers we
+ * need, body bytes appended to the request's pending buffer, and the request put on
+ * the `dirty` list.  After curl_multi_socket_action returns, dispatch() collects the
+ * finished transfers (curl_multi_info_read, each removed from the multi handle right
+ * away) and then, one dirty request at a time, hands the caller its head, its
+ * pending bytes and finally its completion.  Callers may start, cancel or free from
+ * there: a request whose callback is running (`in_cb`) is only marked when
+ * cancelled, and freed once the callback has returned.
+ */
+#include "http.h"
+
+#include <curl/curl.h>
+#include <ev.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define HTTP_DEFAULT_MAX ((size_t)64 << 20)
+
+typedef struct sock_ctx {
+  ev_io io;
+  struct berth_http *h;
+  struct sock_ctx *prev, *next;
+} sock_ctx;
+
+struct berth_http {
+  struct ev_loop *loop;
+  CURLM *multi;
+  ev_timer timer;               /* curl's own timeout */
+  berth_http_req *all;          /* every request not yet freed */
+  berth_http_req *dirty, *dirty_tail;  /* requests with something to hand over */
+  sock_ctx *socks;              /* ev_io watchers curl asked for */
+  int dispatching;              /* > 0 while callbacks run: defer berth_http_free */
+  bool free_pending;
+};
+
+struct berth_http_req {
+  berth_http *h;
+  CURL *easy;
+  struct curl_slist *headers;
+  char *body;
+  berth_http_cbs cbs;
+  void *ud;
+  size_t max_bytes;
+  long status;                  /* of the response being read */
+  char content_type[128];
+  char retry_after[64], retry_after_ms[32];
+  bool has_retry_after, has_retry_after_ms;
+  bool head_ready, head_sent;
+  char *pending;                /* body bytes not handed over yet */
+  size_t plen, pcap;
+  size_t received;
+  bool too_large, nomem;
+  bool attached;                /* in the multi handle */
+  bool finished;                /* curl is done with it: rc holds the result */
+  bool canceled, in_cb, queued;
+  CURLcode rc;
+  char errbuf[CURL_ERROR_SIZE];
+  berth_http_req *prev, *next;  /* h->all */
+  berth_http_req *next_dirty;
+};
+
+static void dispatch(berth_http *h);
+
+/* {====================================================== libev glue */
+
+static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+  (void)loop;
+  sock_ctx *s = w->data;
+  berth_http *h = s->h;         /* the action may remove the socket and free `s` */
+  int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
+               (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
+  int running;
+  curl_multi_socket_action(h->multi, w->fd, action, &running);
+  dispatch(h);
+}
+
+static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  berth_http *h = w->data;
+  int running;
+  curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+  dispatch(h);
+}
+
+static void sock_forget(berth_http *h, sock_ctx *s)
+{
+  ev_io_stop(h->loop, &s->io);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    h->socks = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  free(s);
+}
+
+/* Tolerates a REMOVE for a socket it never saw, and re-initialises the watcher on
+ * every registration: the fd number may be a new socket's (notes §3.8). */
+static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+  (void)e;
+  berth_http *h = userp;
+  sock_ctx *s = socketp;
+  if (what == CURL_POLL_REMOVE) {
+    if (s) {
+      curl_multi_assign(h->multi, fd, NULL);
+      sock_forget(h, s);
+    }
+    return 0;
+  }
+  int kind = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0);
+  if (!s) {
+    s = calloc(1, sizeof *s);
+    if (!s)
+      return -1;
+    s->h = h;
+    s->next = h->socks;
+    if (h->socks)
+      h->socks->prev = s;
+    h->socks = s;
+    curl_multi_assign(h->multi, fd, s);
+  } else
+    ev_io_stop(h->loop, &s->io);
+  ev_io_init(&s->io, io_cb, fd, kind);
+  s->io.data = s;
+  ev_io_start(h->loop, &s->io);
+  return 0;
+}
+
+static int multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+  (void)m;
+  berth_http *h = userp;
+  ev_timer_stop(h->loop, &h->timer);
+  if (timeout_ms >= 0) {
+    /* Never call curl from here, even for 0: the loop does it.  / 1000.0, not
+     * / 1000: the example's integer division turns 999 ms into 0. */
+    ev_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
+    ev_timer_start(h->loop, &h->timer);
+  }
+  return 0;
+}
+
+/* }====================================================== */
+
+/* {====================================================== curl callbacks (record only) */
+
+static void req_queue(berth_http_req *r)
+{
+  berth_http *h = r->h;
+  if (r->queued)
+    return;
+  r->queued = true;
+  r->next_dirty = NULL;
+  if (h->dirty_tail)
+    h->dirty_tail->next_dirty = r;
+  else
+    h->dirty = r;
+  h->dirty_tail = r;
+}
+
+/* Copies the header value [v, end) into out (cut to its size). */
+static void header_copy(char *out, size_t size, const char *v, const char *end)
+{
+  size_t n = (size_t)(end - v);
+  if (n >= size)
+    n = size - 1;
+  memcpy(out, v, n);
+  out[n] = '\0';
+}
+
+static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
+{
+  berth_http_req *r = ud;
+  size_t n = size * nmemb;
+  if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+    /* A new response (after a 1xx): only the final one's headers count. */
+    const char *sp = memchr(line, ' ', n);
+    r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+    r->content_type[0] = '\0';
+    r->has_retry_after = r->has_retry_after_ms = false;
+    return n;
+  }
+  if ((n == 2 && line[0] == '\r' && line[1] == '\n') || (n == 1 && line[0] == '\n')) {
+    if (r->status >= 200 && !r->head_ready) {
+      r->head_ready = true;
+      req_queue(r);
+    }
+    return n;
+  }
+  const char *colon = memchr(line, ':', n);
+  if (!colon || r->head_ready)  /* trailers are not wanted */
+    return n;
+  size_t name = (size_t)(colon - line);
+  const char *v = colon + 1, *end = line + n;
+  while (v < end && (*v == ' ' || *v == '\t'))
+    v++;
+  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
+    end--;
+  if (name == 12 && strncasecmp(line, "Content-Type", 12) == 0)
+    header_copy(r->content_type, sizeof r->content_type, v, end);
+  else if (name == 11 && strncasecmp(line, "Retry-After", 11) == 0) {
+    header_copy(r->retry_after, sizeof r->retry_after, v, end);
+    r->has_retry_after = true;
+  } else if (name == 14 && strncasecmp(line, "retry-after-ms", 14) == 0) {
+    header_copy(r->retry_after_ms, sizeof r->retry_after_ms, v, end);
+    r->has_retry_after_ms = true;
+  }
+  return n;
+}
+
+static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+  berth_http_req *r = ud;
+  size_t n = size * nmemb;
+  if (n > r->max_bytes - r->received) {
+    r->too_large = true;
+    return 0;                   /* CURLE_WRITE_ERROR */
+  }
+  if (r->plen + n > r->pcap) {
+    size_t cap = r->pcap ? r->pcap : 16384;
+    while (cap < r->plen + n)
+      cap *= 2;
+    char *b = realloc(r->pending, cap);
+    if (!b) {
+      r->nomem = true;
+      return 0;
+    }
+    r->pending = b;
+    r->pcap = cap;
+  }
+  memcpy(r->pending + r->plen, ptr, n);
+  r->plen += n;
+  r->received += n;
+  if (!r->head_ready && r->status >= 200)
+    r->head_ready = true;
+  req_queue(r);
+  return n;
+}
+
+/* }====================================================== */
+
+/* {====================================================== dispatch (from the loop) */
+
+static void req_free(berth_http_req *r)
+{
+  berth_http *h = r->h;
+  if (r->queued) {
+    berth_http_req **pp = &h->dirty;
+    h->dirty_tail = NULL;
+    while (*pp) {
+      if (*pp == r)
+        *pp = r->next_dirty;
+      else {
+        h->dirty_tail = *pp;
+        pp = &(*pp)->next_dirty;
+      }
+    }
+  }
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    h->all = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  if (r->attached)
+    curl_multi_remove_handle(h->multi, r->easy);
+  curl_easy_cleanup(r->easy);
+  curl_slist_free_all(r->headers);
+  free(r->body);
+  free(r->pending);
+  free(r);
+}
+
+/* Finished transfers: removed from the multi handle at once, delivered later. */
+static void collect(berth_http *h)
+{
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(h->multi, &left))) {
+    if (msg->msg != CURLMSG_DONE)
+      continue;
+    char *priv = NULL;
+    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+    berth_http_req *r = (berth_http_req *)priv;
+    CURLcode rc = msg->data.result;
+    curl_multi_remove_handle(h->multi, msg->easy_handle);  /* msg is gone after this */
+    r->attached = false;
+    r->finished = true;
+    r->rc = rc;
+    req_queue(r);
+  }
+}
+
+static void deliver(berth_http_req *r)
+{
+  berth_http *h = r->h;
+  int stop = 0;
+  r->in_cb = true;
+  if (r->head_ready && !r->head_sent) {
+    r->head_sent = true;
+    if (r->cbs.head) {
+      berth_http_head hd = {r->status, r->content_type,
+                            r->has_retry_after ? r->retry_after : NULL,
+                            r->has_retry_after_ms ? r->retry_after_ms : NULL};
+      stop = r->cbs.head(r->ud, &hd);
+    }
+  }
+  while (!stop && r->plen && !r->canceled && !h->free_pending) {
+    size_t n = r->plen;
+    r->plen = 0;                /* nothing appends while we are outside curl */
+    stop = r->cbs.chunk(r->ud, r->pending, n);
+  }
+  if (r->canceled || h->free_pending) {
+    r->in_cb = false;
+    if (r->canceled)
+      req_free(r);
+    return;                     /* berth_http_free frees the rest */
+  }
+  if (!stop && !r->finished) {
+    r->in_cb = false;
+    return;
+  }
+  if (r->attached) {
+    curl_multi_remove_handle(h->multi, r->easy);
+    r->attached = false;
+  }
+  berth_http_result res;
+  memset(&res, 0, sizeof res);
+  res.status = r->head_sent ? r->status : 0;
+  res.stopped = stop != 0;
+  res.too_large = r->too_large;
+  res.received = r->received;
+  if (!stop && r->rc != CURLE_OK) {
+    res.timed_out = r->rc == CURLE_OPERATION_TIMEDOUT;
+    res.error = r->nomem ? "out of memory"
+              : r->too_large ? "the response is too large"
+              : r->errbuf[0] ? r->errbuf : curl_easy_strerror(r->rc);
+  }
+  r->cbs.done(r->ud, &res);
+  r->in_cb = false;
+  req_free(r);
+}
+
+static void dispatch(berth_http *h)
+{
+  h->dispatching++;
+  while (!h->free_pending) {
+    collect(h);
+    berth_http_req *r = h->dirty;
+    if (!r)
+      break;
+    h->dirty = r->next_dirty;
+    if (!h->dirty)
+      h->dirty_tail = NULL;
+    r->queued = false;
+    r->next_dirty = NULL;
+    deliver(r);
+  }
+  h->dispatching--;
+  if (h->free_pending && h->dispatching == 0)
+    berth_http_free(h);
+}
+
+/* }====================================================== */
+
+/* {====================================================== public */
+
+berth_http *berth_http_new(struct ev_loop *loop)
+{
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return NULL;
+  berth_http *h = calloc(1, sizeof *h);
+  if (!h || !(h->multi = curl_multi_init())) {
+    free(h);
+    curl_global_cleanup();
+    return NULL;
+  }
+  h->loop = loop;
+  curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
+  curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
+  curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
+  curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
+  ev_timer_init(&h->timer, timer_cb, 0., 0.);
+  h->timer.data = h;
+  return h;
+}
+
+void berth_http_free(berth_http *h)
+{
+  if (!h)
+    return;
+  if (h->dispatching) {
+    h->free_pending = true;
+    return;
+  }
+  while (h->all)
+    req_free(h->all);
+  curl_multi_cleanup(h->multi); /* closes cached connections (REMOVE through sock_cb) */
+  while (h->socks)              /* any curl did not remove: stop before anything leaks */
+    sock_forget(h, h->socks);
+  ev_timer_stop(h->loop, &h->timer);
+  free(h);
+  curl_global_cleanup();
+}
+
+berth_http_req *berth_http_start(berth_http *h, const berth_http_post *p,
+                                 const berth_http_cbs *cbs, void *ud)
+{
+  if (h->free_pending)
+    return NULL;
+  berth_http_req *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  r->h = h;
+  r->cbs = *cbs;
+  r->ud = ud;
+  r->max_bytes = p->max_bytes ? p->max_bytes : HTTP_DEFAULT_MAX;
+  r->body = malloc(p->body_len + 1);
+  r->easy = curl_easy_init();
+  if (!r->body || !r->easy) {
+    if (r->easy)
+      curl_easy_cleanup(r->easy);
+    free(r->body);
+    free(r);
+    return NULL;
+  }
+  memcpy(r->body, p->body, p->body_len);
+  r->body[p->body_len] = '\0';
+  struct curl_slist *hd = NULL;
+  for (const char *const *s = p->headers; s && *s; s++)
+    hd = curl_slist_append(hd, *s);
+  hd = curl_slist_append(hd, "Expect:");  /* no 100-continue round trip */
+  r->headers = hd;
+  CURL *e = r->easy;
+  curl_easy_setopt(e, CURLOPT_URL, p->url);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(e, CURLOPT_POST, 1L);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)p->body_len);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hd);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);  /* the key must not follow a redirect */
+  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+  if (p->connect_timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, p->connect_timeout_ms);
+  if (p->timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, p->timeout_ms);
+  if (p->idle_timeout_s > 0) {  /* under 1 byte/s for that long: the stream stalled */
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, p->idle_timeout_s);
+  }
+  if (p->no_proxy)
+    curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
+  if (curl_multi_add_handle(h->multi, e) != CURLM_OK) {
+    curl_easy_cleanup(e);
+    curl_slist_free_all(hd);
+    free(r->body);
+    free(r);
+    return NULL;
+  }
+  r->attached = true;
+  r->next = h->all;
+  if (h->all)
+    h->all->prev = r;
+  h->all = r;
+  return r;
+}
+
+void berth_http_cancel(berth_http_req *r)
+{
+  if (!r || r->canceled)
+    return;
+  r->canceled = true;
+  if (!r->in_cb)                /* else deliver() frees it when the callback returns */
+    req_free(r);
+}
+
+/* }====================================================== */

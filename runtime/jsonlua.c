@@ -1,0 +1,575 @@
+/*
+ * jsonlua.c — jansson <-> Lua conversion and the `json` module (rules in jsonlua.h).
+ */
+#include "jsonlua.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+
+#define MAX_DEPTH 512           /* deeper than any message; far below the C stack */
+
+/* Its address is json.null: a light userdata no script can forge. */
+static const char null_tag = 0;
+
+void berth_json_pushnull(lua_State *L)
+{
+  lua_pushlightuserdata(L, (void *)&null_tag);
+}
+
+static void setmarker(lua_State *L, int idx, const char *mt)
+{
+  idx = lua_absindex(L, idx);
+  luaL_getmetatable(L, mt);
+  if (lua_isnil(L, -1)) {       /* first use in this state */
+    lua_pop(L, 1);
+    luaL_newmetatable(L, mt);
+  }
+  lua_setmetatable(L, idx);
+}
+
+void berth_json_setarray(lua_State *L, int idx) { setmarker(L, idx, BERTH_JSON_ARRAY_MT); }
+void berth_json_setobject(lua_State *L, int idx) { setmarker(L, idx, BERTH_JSON_OBJECT_MT); }
+
+/* {====================================================== jansson -> Lua */
+
+static void push_value(lua_State *L, const json_t *v, int depth)
+{
+  luaL_checkstack(L, 4, "JSON value nested too deeply");
+  switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+      const char *key;
+      size_t klen;
+      json_t *item;
+      lua_createtable(L, 0, (int)json_object_size(v));
+      json_object_keylen_foreach((json_t *)v, key, klen, item) {
+        if (json_is_null(item))
+          continue;             /* absent, so `t.field` is nil (see jsonlua.h) */
+        lua_pushlstring(L, key, klen);
+        push_value(L, item, depth + 1);
+        lua_rawset(L, -3);
+      }
+      break;
+    }
+    case JSON_ARRAY: {
+      size_t n = json_array_size(v);
+      lua_createtable(L, (int)n, 0);
+      for (size_t i = 0; i < n; i++) {
+        push_value(L, json_array_get(v, i), depth + 1);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+      }
+      berth_json_setarray(L, -1);
+      break;
+    }
+    case JSON_STRING:
+      lua_pushlstring(L, json_string_value(v), json_string_length(v));
+      break;
+    case JSON_INTEGER:
+      lua_pushinteger(L, (lua_Integer)json_integer_value(v));
+      break;
+    case JSON_REAL:
+      lua_pushnumber(L, (lua_Number)json_real_value(v));
+      break;
+    case JSON_TRUE:
+      lua_pushboolean(L, 1);
+      break;
+    case JSON_FALSE:
+      lua_pushboolean(L, 0);
+      break;
+    case JSON_NULL:
+    default:
+      berth_json_pushnull(L);
+      break;
+  }
+}
+
+void berth_json_push(lua_State *L, const json_t *v)
+{
+  if (v == NULL)
+    berth_json_pushnull(L);
+  else
+    push_value(L, v, 0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== Lua -> jansson */
+
+/* The partial result lives in a box userdata whose __gc drops it, so an error raised
+ * half way through (a function inside a table, a cycle) leaks nothing. */
+typedef struct jbox {            /* the state of one conversion (on the C stack) */
+  json_t *root;                 /* a one-element array holding the value (boxed) */
+  int depth;
+  const void *seen[MAX_DEPTH];  /* tables on the current path, to find cycles */
+  struct { const char *key; size_t len; lua_Integer index; } path[MAX_DEPTH];
+} jbox;
+
+/* __gc of a jbox and of the one-pointer boxes below: both start with the root. */
+static int jbox_gc(lua_State *L)
+{
+  json_t **root = lua_touserdata(L, 1);
+  json_decref(*root);
+  *root = NULL;
+  return 0;
+}
+
+/* Pushes a one-pointer box owning v: collected, it drops v. */
+static void push_owner(lua_State *L, json_t *v)
+{
+  json_t **root = lua_newuserdatauv(L, sizeof *root, 0);
+  *root = v;
+  luaL_setmetatable(L, "berth.json.box");
+}
+
+static int conv_error(lua_State *L, jbox *b, const char *what)
+{
+  luaL_Buffer buf;
+  luaL_buffinit(L, &buf);
+  luaL_addstring(&buf, "$");
+  for (int i = 1; i < b->depth; i++) {   /* path[0] is the root's place in the box */
+    if (b->path[i].key) {
+      luaL_addchar(&buf, '.');
+      luaL_addlstring(&buf, b->path[i].key, b->path[i].len);
+    } else {
+      lua_pushfstring(L, "[%I]", (LUAI_UACINT)b->path[i].index);
+      luaL_addvalue(&buf);
+    }
+  }
+  luaL_pushresult(&buf);
+  return luaL_error(L, "cannot encode %s as JSON at %s", what, lua_tostring(L, -1));
+}
+
+/* A copy of s with each ill-formed UTF-8 sequence replaced by U+FFFD. */
+static char *utf8_sanitize(const char *s, size_t len, size_t *outlen)
+{
+  char *out = malloc(len * 3 + 1);
+  size_t o = 0;
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < len;) {
+    unsigned char c = (unsigned char)s[i];
+    size_t n = 0;
+    unsigned long cp = 0;
+    if (c < 0x80) { out[o++] = (char)c; i++; continue; }
+    else if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
+    bool ok = n > 0 && i + n <= len;
+    for (size_t k = 1; ok && k < n; k++) {
+      unsigned char cc = (unsigned char)s[i + k];
+      if ((cc & 0xC0) != 0x80)
+        ok = false;
+      else
+        cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (ok && ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+               (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))))
+      ok = false;
+    if (ok) {
+      memcpy(out + o, s + i, n);
+      o += n;
+      i += n;
+    } else {
+      memcpy(out + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = '\0';
+  *outlen = o;
+  return out;
+}
+
+static json_t *make_string(const char *s, size_t len)
+{
+  json_t *j = json_stringn(s, len);
+  if (!j) {                     /* ill-formed UTF-8 */
+    size_t n;
+    char *clean = utf8_sanitize(s, len, &n);
+    if (clean)
+      j = json_stringn_nocheck(clean, n);
+    free(clean);
+  }
+  return j;
+}
+
+static int set_key(json_t *obj, const char *k, size_t klen, json_t *v)
+{
+  if (json_object_setn_new(obj, k, klen, v) == 0)
+    return 0;
+  size_t n;
+  char *clean = utf8_sanitize(k, klen, &n);
+  int rc = clean ? json_object_setn_new_nocheck(obj, clean, n, v) : -1;
+  free(clean);
+  return rc;
+}
+
+static void add_value(lua_State *L, jbox *b, int idx, json_t *parent, const char *key,
+                      size_t klen);
+
+/* 1: keys are exactly 1..n (n >= 1); 2: all strings; 0: empty; -1: neither. */
+static int classify(lua_State *L, int idx, lua_Integer *n)
+{
+  lua_Integer count = 0, max = 0;
+  int strings = 0, ints = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    count++;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      strings = 1;
+    else if (lua_isinteger(L, -1) && lua_tointeger(L, -1) >= 1) {
+      ints = 1;
+      if (lua_tointeger(L, -1) > max)
+        max = lua_tointeger(L, -1);
+    } else {
+      lua_pop(L, 1);
+      return -1;
+    }
+  }
+  *n = max;
+  if (count == 0)
+    return 0;
+  if (strings && !ints)
+    return 2;
+  if (ints && !strings && max == count)
+    return 1;
+  return -1;
+}
+
+typedef struct skey { const char *s; size_t len; } skey;
+
+static int cmp_keys(const void *a, const void *b)
+{
+  const skey *x = a, *y = b;
+  int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
+  return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj)
+{
+  /* Keys named by __jsonorder first, in that order. */
+  int ordered = 0;
+  if (lua_getmetatable(L, idx)) {
+    if (lua_getfield(L, -1, "__jsonorder") == LUA_TTABLE) {
+      lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+      for (lua_Integer i = 1; i <= n; i++) {
+        if (lua_rawgeti(L, -1, i) == LUA_TSTRING) {
+          size_t klen;
+          const char *k = lua_tolstring(L, -1, &klen);
+          lua_pushvalue(L, -1);
+          if (lua_rawget(L, idx) != LUA_TNIL)
+            add_value(L, b, lua_gettop(L), obj, k, klen);
+          lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+      }
+      ordered = 1;
+    }
+    lua_pop(L, 2);
+  }
+  /* The rest in byte order, so output is deterministic. */
+  size_t n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      conv_error(L, b, "a table whose keys are not all strings");
+    n++;
+  }
+  if (n == 0)
+    return;
+  /* The key list is a userdata so it is collected if add_value raises; the key
+   * strings themselves are anchored by the table, which nothing changes meanwhile. */
+  skey *keys = lua_newuserdatauv(L, n * sizeof *keys, 0);
+  int keys_idx = lua_gettop(L);
+  size_t i = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    keys[i].s = lua_tolstring(L, -1, &keys[i].len);
+    i++;
+  }
+  qsort(keys, n, sizeof *keys, cmp_keys);
+  for (i = 0; i < n; i++) {
+    if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
+      continue;
+    lua_pushlstring(L, keys[i].s, keys[i].len);
+    lua_rawget(L, idx);
+    add_value(L, b, lua_gettop(L), obj, keys[i].s, keys[i].len);
+    lua_pop(L, 1);
+  }
+  lua_remove(L, keys_idx);
+}
+
+/* Builds the value at idx and attaches it to parent (an array when key is NULL)
+ * before filling it, so everything built so far is always reachable from the box. */
+static void add_value(lua_State *L, jbox *b, int idx, json_t *parent, const char *key,
+                      size_t klen)
+{
+  json_t *v = NULL;
+  idx = lua_absindex(L, idx);
+  if (key) {
+    b->path[b->depth].key = key;
+    b->path[b->depth].len = klen;
+  } else {
+    b->path[b->depth].key = NULL;
+    b->path[b->depth].index = (lua_Integer)json_array_size(parent) + 1;
+  }
+  b->depth++;
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+      v = json_null();
+      break;
+    case LUA_TBOOLEAN:
+      v = json_boolean(lua_toboolean(L, idx));
+      break;
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, idx))
+        v = json_integer((json_int_t)lua_tointeger(L, idx));
+      else {
+        lua_Number x = lua_tonumber(L, idx);
+        if (isnan(x) || isinf(x))
+          conv_error(L, b, "NaN or an infinity");
+        v = json_real((double)x);
+      }
+      break;
+    case LUA_TSTRING: {
+      size_t len;
+      const char *s = lua_tolstring(L, idx, &len);
+      v = make_string(s, len);
+      break;
+    }
+    case LUA_TLIGHTUSERDATA:
+      if (lua_touserdata(L, idx) == &null_tag) {
+        v = json_null();
+        break;
+      }
+      /* FALLTHROUGH */
+    default:
+      conv_error(L, b, lua_pushfstring(L, "a %s", luaL_typename(L, idx)));
+      break;
+    case LUA_TTABLE:
+      break;
+  }
+  if (v) {
+    if (key ? set_key(parent, key, klen, v) : json_array_append_new(parent, v))
+      luaL_error(L, "not enough memory");
+    b->depth--;
+    return;
+  }
+  /* A table. */
+  if (b->depth >= MAX_DEPTH)
+    conv_error(L, b, "a value nested too deeply");
+  const void *p = lua_topointer(L, idx);
+  for (int i = 0; i < b->depth - 1; i++)
+    if (b->seen[i] == p)
+      conv_error(L, b, "a table that contains itself");
+  b->seen[b->depth - 1] = p;
+  luaL_checkstack(L, 6, "JSON value nested too deeply");
+
+  int kind = -2;                /* -2: decide by the keys */
+  if (lua_getmetatable(L, idx)) {
+    luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
+    if (lua_rawequal(L, -1, -2))
+      kind = 1;
+    lua_pop(L, 1);
+    luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
+    if (lua_rawequal(L, -1, -2))
+      kind = 2;
+    lua_pop(L, 2);
+  }
+  lua_Integer n = 0;
+  if (kind == 1)
+    n = (lua_Integer)lua_rawlen(L, idx);
+  else if (kind == -2) {
+    kind = classify(L, idx, &n);
+    if (kind < 0)
+      conv_error(L, b, "a table with mixed or sparse keys (use json.array or string keys)");
+    if (kind == 0)
+      kind = 2;                 /* {} is an object, as in lua-cjson */
+  }
+  v = kind == 1 ? json_array() : json_object();
+  if (key ? set_key(parent, key, klen, v) : json_array_append_new(parent, v))
+    luaL_error(L, "not enough memory");
+  if (kind == 1) {
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, idx, i);
+      add_value(L, b, -1, v, NULL, 0);
+      lua_pop(L, 1);
+    }
+  } else
+    fill_object(L, b, idx, v);
+  b->depth--;
+}
+
+const json_t *berth_json_check_boxed(lua_State *L, int idx)
+{
+  idx = lua_absindex(L, idx);
+  /* The box on the Lua stack owns the value (one pointer, collected with it); the
+   * walk's state (16 KiB of path and cycle marks) lives on the C stack, so a
+   * conversion allocates no more Lua memory than the box itself. */
+  json_t **root = lua_newuserdatauv(L, sizeof *root, 0);
+  *root = NULL;
+  if (luaL_newmetatable(L, "berth.json.box")) {
+    lua_pushcfunction(L, jbox_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  *root = json_array();
+  if (!*root)
+    luaL_error(L, "not enough memory");
+  jbox b;
+  b.root = *root;
+  b.depth = 0;
+  add_value(L, &b, idx, b.root, NULL, 0);
+  return json_array_get(*root, 0);
+}
+
+void berth_json_box_free(lua_State *L, int idx)
+{
+  json_t **root = luaL_checkudata(L, idx, "berth.json.box");
+  json_decref(*root);
+  *root = NULL;
+}
+
+json_t *berth_json_check(lua_State *L, int idx)
+{
+  json_t *v = json_incref((json_t *)berth_json_check_boxed(L, idx));
+  berth_json_box_free(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* }====================================================== */
+
+/* {====================================================== the json module */
+
+static size_t dump_flags(int pretty)
+{
+  return JSON_ENCODE_ANY | (pretty ? JSON_INDENT(2) : JSON_COMPACT) | JSON_REAL_PRECISION(17);
+}
+
+/* Text from a JSON value, pushed; the value is owned by a box while dumping. */
+typedef struct dumpbuf { luaL_Buffer *b; } dumpbuf;
+
+static int dump_cb(const char *buf, size_t size, void *data)
+{
+  dumpbuf *d = data;
+  luaL_addlstring(d->b, buf, size);
+  return 0;
+}
+
+void berth_json_encode(lua_State *L, int idx, int pretty)
+{
+  idx = lua_absindex(L, idx);
+  json_t *v = berth_json_check(L, idx);
+  push_owner(L, v);              /* owns v while the buffer grows (it may raise) */
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  dumpbuf d = {&b};
+  json_dump_callback(v, dump_cb, &d, dump_flags(pretty));
+  luaL_pushresult(&b);
+  lua_remove(L, -2);            /* the box; its __gc drops v */
+}
+
+static int json_encode(lua_State *L)
+{
+  luaL_checkany(L, 1);
+  int pretty = 0;
+  if (lua_istable(L, 2)) {
+    lua_getfield(L, 2, "pretty");
+    pretty = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 1);
+  berth_json_encode(L, 1, pretty);
+  return 1;
+}
+
+static int json_decode(lua_State *L)
+{
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  json_error_t e;
+  json_t *v = json_loadb(s, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+  if (!v) {
+    luaL_pushfail(L);
+    lua_pushfstring(L, "invalid JSON at line %d, column %d: %s", e.line, e.column, e.text);
+    return 2;
+  }
+  push_owner(L, v);              /* a memory error while pushing must not leak v */
+  berth_json_push(L, v);
+  return 1;
+}
+
+static int json_array_fn(lua_State *L)
+{
+  if (lua_isnoneornil(L, 1)) {
+    lua_settop(L, 0);
+    lua_newtable(L);
+  }
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  berth_json_setarray(L, 1);
+  return 1;
+}
+
+static int json_object_fn(lua_State *L)
+{
+  if (lua_isnoneornil(L, 1)) {
+    lua_settop(L, 0);
+    lua_newtable(L);
+  }
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  berth_json_setobject(L, 1);
+  return 1;
+}
+
+static int json_isarray(lua_State *L)
+{
+  int r = 0;
+  if (lua_istable(L, 1) && lua_getmetatable(L, 1)) {
+    luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
+    r = lua_rawequal(L, -1, -2);
+  }
+  lua_pushboolean(L, r);
+  return 1;
+}
+
+static const luaL_Reg jsonlib[] = {
+  {"encode", json_encode},
+  {"decode", json_decode},
+  {"array", json_array_fn},
+  {"object", json_object_fn},
+  {"isArray", json_isarray},
+  {"null", NULL},
+  {NULL, NULL}
+};
+
+int luaopen_berth_json(lua_State *L)
+{
+  luaL_newlib(L, jsonlib);
+  berth_json_pushnull(L);
+  lua_setfield(L, -2, "null");
+  luaL_newmetatable(L, BERTH_JSON_ARRAY_MT);
+  lua_pushliteral(L, "json.array");
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, BERTH_JSON_OBJECT_MT);
+  lua_pushliteral(L, "json.object");
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, "berth.json.box")) {
+    lua_pushcfunction(L, jbox_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_pop(L, 1);
+  return 1;
+}
+
+/* }====================================================== */

@@ -1,0 +1,1565 @@
+/*
+ * serve.c — `berth serve`: many conversations of one host over HTTP, with each turn
+ * streamed back as server-sent events.  Everything runs on one libev loop: the host,
+ * the daemon client, the model and libmicrohttpd.
+ *
+ *   POST   /v1/conversations                {"userId"?, "metadata"?} → 201 {"id"}
+ *   POST   /v1/conversations/{id}/messages  {"content"} → 200 text/event-stream:
+ *          delta, message, tool_call, tool_result, error, then turn_end
+ *   GET    /v1/conversations/{id}           → {"id", "turns", "busy", "suspended"}
+ *   DELETE /v1/conversations/{id}           completes (onComplete) → 200 when it ran
+ *   GET    /healthz                         → {"status": "ok"} (no token needed)
+ *   GET    /metrics                         → Prometheus text
+ *
+ * Callers are the bearer tokens of the token file; each is an owner.  A conversation
+ * is visible only to the caller that opened it: to anyone else it does not exist
+ * (404, exactly as an unknown id).  Ids are 128 random bits; log lines never hold an
+ * id, a token or a session id (they name conversations by run id, "conv-<n>", and
+ * callers by a short digest of their token).
+ *
+ * MHD glue (as sandboxd/http.c): external epoll fd watched by an ev_io, MHD_run from
+ * it, from a timer that follows MHD_get_timeout (re-armed by an ev_prepare) and from a
+ * zero-delay "kick" timer after a resume — never from inside an MHD callback.  A
+ * stream is a response whose content reader suspends its connection when it has
+ * nothing to send; an event appends to its buffer and resumes it.  A DELETE waits
+ * suspended until onComplete ran.
+ *
+ * Ownership: a stream is held by its conversation's queue (until its turn ends), by
+ * its request (until MHD's completed notice) and by its response (until MHD frees
+ * it); the last to let go frees it.
+ */
+#include "cli.h"
+#include "berth.h"
+#include "plimsoll.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#define DEFAULT_MAX_CONVERSATIONS 10000
+#define DEFAULT_MAX_TURNS 256
+#define DEFAULT_MAX_QUEUED 4096
+#define DEFAULT_MAX_BODY (1024 * 1024)
+#define OWN_SANDBOXD_MAX_SANDBOXES 56   /* under sandboxd's default --max-sessions 64 */
+#define FLUSH_LIMIT 5.0                 /* seconds to let streams flush at shutdown */
+#define CALL_TIMEOUT_MS 30000
+#define ID_LEN 32
+
+static const char serve_usage[] =
+  "usage: berth serve --listen HOST:PORT --token-file FILE [options]\n"
+  "\n"
+  "Serves many conversations of one host over HTTP; each turn streams back as\n"
+  "server-sent events (delta, message, tool_call, tool_result, error, turn_end).\n"
+  "Port 0 picks a free port; the address is printed as `listening http://HOST:PORT`.\n"
+  "\n"
+  "  --listen HOST:PORT               address to serve on (loopback, cleartext)\n"
+  "  --token-file FILE                callers' bearer tokens, one per line (# comments);\n"
+  "                                   each caller sees only its own conversations\n"
+  "  --hooks FILE                     the hooks (default: the shipped code_chat.lua)\n"
+  "  --model SPEC                     the model: scripted:FILE (or another adapter)\n"
+  "  --daemon URL                     a plimsoll daemon, with its token in\n"
+  "  --token-file-daemon FILE         (first line)\n"
+  "  --sandboxd PATH, --provider NAME start a local sandboxd instead (default\n"
+  "                                   provider $BERTH_PROVIDER, else echo)\n"
+  "                                   (neither: $PLIMSOLL_URL and $PLIMSOLL_TOKEN, else\n"
+  "                                   no daemon: tool calls answer \"Nothing ran\")\n"
+  "  --max-conversations N            open conversations (default 10000)\n"
+  "  --max-conversations-per-caller N (default: no cap)\n"
+  "  --max-concurrent-turns N         turns running at once; more wait (default 256)\n"
+  "  --max-queued-messages N          messages waiting for a turn (default 4096)\n"
+  "  --max-sandboxes N                sandboxes held; idle ones closed LRU (default:\n"
+  "                                   none, or 56 for a local sandboxd)\n"
+  "  --max-body-bytes N               largest request body (default 1048576)\n"
+  "  --idle-timeout SECONDS           idle time before a conversation suspends (30)\n"
+  "  --shutdown-grace SECONDS         on SIGTERM, time running turns get to finish\n"
+  "                                   before they are cancelled (default 10)\n"
+  "  --minimum-isolation TIER         the floor (default container)\n"
+  "  --verbose, --help, --version\n"
+  "\n"
+  "SIGTERM or SIGINT: stop accepting, finish (or after the grace cancel) the running\n"
+  "turns, dispose every sandbox, exit 0.  SIGHUP reloads the hooks.\n";
+
+typedef struct server server;
+typedef struct stream stream;
+typedef struct sconv sconv;
+typedef struct request request;
+
+typedef struct caller {
+  unsigned char hash[32];
+  char label[12];                /* "k" + 8 hex digits of the token's SHA-256 */
+  size_t convs;
+} caller;
+
+struct stream {
+  int refs;
+  server *s;
+  struct MHD_Connection *conn;   /* NULL once MHD is done with the request */
+  bool started, finished, suspended;
+  char *buf;
+  size_t len, off, cap;
+  stream *next;                  /* the conversation's queue */
+};
+
+struct sconv {
+  char id[ID_LEN + 1];
+  size_t caller;
+  berth_conv *conv;
+  stream *head, *tail;           /* one per message, in order; head is the turn's */
+  request *deleting;             /* the DELETE waiting for onComplete */
+  sconv *hnext;
+  server *s;
+};
+
+typedef enum route {
+  R_NONE, R_HEALTH, R_METRICS, R_CONVS, R_CONV, R_MESSAGES
+} route;
+
+struct request {
+  server *s;
+  struct MHD_Connection *conn;
+  route route;
+  char id[ID_LEN + 1];
+  size_t caller;
+  bool dispatched, suspended, too_large, is_delete;
+  sconv *deleting;               /* the conversation this DELETE waits for */
+  char *body;
+  size_t len, cap, discarded;
+  stream *stream;
+  struct MHD_Response *response; /* ready, for a suspended request */
+  unsigned status;
+};
+
+typedef struct status_count {
+  unsigned code;
+  uint64_t n;
+} status_count;
+
+struct server {
+  struct ev_loop *loop;
+  berth_host *h;
+  berth_model *model;
+  struct MHD_Daemon *mhd;
+  int listen_fd;
+  ev_io io;
+  ev_timer timer, kick, flush;
+  ev_prepare prepare;
+  ev_signal sigterm, sigint;
+  caller *callers;
+  size_t n_callers;
+  sconv **table;
+  size_t table_size, n_sconvs;
+  size_t max_per_caller, max_body;
+  size_t active;                 /* requests MHD holds */
+  bool stopping, host_done, verbose;
+  status_count statuses[24];
+  size_t n_statuses;
+  uint64_t streams_open;
+};
+
+/* {====================================================== small things */
+
+static void slog(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void slog(server *s, const char *fmt, ...)
+{
+  (void)s;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "berth serve: %s\n", line);
+}
+
+static void host_log(void *ud, berth_log_level level, const char *message)
+{
+  server *s = ud;
+  if (level == BERTH_LOG_DEBUG && !s->verbose)
+    return;
+  static const char *const names[] = {"debug: ", "", "warning: ", "error: "};
+  fprintf(stderr, "berth: %s%s\n", names[level], message);
+}
+
+static void hex(const unsigned char *p, size_t n, char *out)
+{
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[p[i] >> 4];
+    out[2 * i + 1] = digits[p[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+static bool parse_count(const char *arg, size_t *out)
+{
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(arg, &end, 10);
+  if (errno || end == arg || *end || arg[0] == '-')
+    return false;
+  *out = (size_t)v;
+  return true;
+}
+
+static bool parse_secs(const char *arg, double *out)
+{
+  char *end;
+  errno = 0;
+  double v = strtod(arg, &end);
+  if (errno || end == arg || *end || !(v >= 0))
+    return false;
+  *out = v;
+  return true;
+}
+
+/* Non-blank lines not starting with '#', trimmed.  Returns the count, -1 on error. */
+static int read_lines(const char *path, char ***out)
+{
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  char line[4096];
+  int n = 0;
+  *out = NULL;
+  while (fgets(line, sizeof line, f)) {
+    char *p = line;
+    while (*p == ' ' || *p == '\t')
+      p++;
+    size_t len = strcspn(p, "\r\n");
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+      len--;
+    p[len] = '\0';
+    if (!len || p[0] == '#')
+      continue;
+    *out = realloc(*out, (size_t)(n + 1) * sizeof **out);
+    (*out)[n++] = strdup(p);
+  }
+  fclose(f);
+  return n;
+}
+
+static void free_lines(char **v, int n)
+{
+  for (int i = 0; i < n; i++) {
+    OPENSSL_cleanse(v[i], strlen(v[i]));
+    free(v[i]);
+  }
+  free(v);
+}
+
+/* }====================================================== */
+
+/* {====================================================== conversations table */
+
+static size_t id_hash(const char *id)
+{
+  size_t h = 0;
+  for (int i = 0; i < 16 && id[i]; i++)
+    h = h * 16 + (size_t)(id[i] <= '9' ? id[i] - '0' : id[i] - 'a' + 10);
+  return h;
+}
+
+static void table_grow(server *s)
+{
+  size_t size = s->table_size ? s->table_size * 2 : 1024;
+  sconv **t = calloc(size, sizeof *t);
+  for (size_t i = 0; i < s->table_size; i++)
+    for (sconv *c = s->table[i], *next; c; c = next) {
+      next = c->hnext;
+      size_t b = id_hash(c->id) & (size - 1);
+      c->hnext = t[b];
+      t[b] = c;
+    }
+  free(s->table);
+  s->table = t;
+  s->table_size = size;
+}
+
+static void table_add(server *s, sconv *c)
+{
+  if (s->n_sconvs + 1 > s->table_size / 2)
+    table_grow(s);
+  size_t b = id_hash(c->id) & (s->table_size - 1);
+  c->hnext = s->table[b];
+  s->table[b] = c;
+  s->n_sconvs++;
+}
+
+static void table_remove(server *s, sconv *c)
+{
+  sconv **pp = &s->table[id_hash(c->id) & (s->table_size - 1)];
+  for (; *pp; pp = &(*pp)->hnext)
+    if (*pp == c) {
+      *pp = c->hnext;
+      s->n_sconvs--;
+      return;
+    }
+}
+
+/* The caller's conversation with this id, else NULL (another caller's too). */
+static sconv *table_find(server *s, const char *id, size_t who)
+{
+  if (!s->table_size || strlen(id) != ID_LEN)
+    return NULL;
+  for (sconv *c = s->table[id_hash(id) & (s->table_size - 1)]; c; c = c->hnext)
+    if (CRYPTO_memcmp(c->id, id, ID_LEN) == 0)
+      return c->caller == who ? c : NULL;
+  return NULL;
+}
+
+/* }====================================================== */
+
+/* {====================================================== responses */
+
+static void count_status(server *s, unsigned code)
+{
+  for (size_t i = 0; i < s->n_statuses; i++)
+    if (s->statuses[i].code == code) {
+      s->statuses[i].n++;
+      return;
+    }
+  if (s->n_statuses < sizeof s->statuses / sizeof *s->statuses)
+    s->statuses[s->n_statuses++] = (status_count){code, 1};
+}
+
+static struct MHD_Response *text_response(const char *type, char *text)
+{
+  struct MHD_Response *r =
+    MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(text);
+    return NULL;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  return r;
+}
+
+static struct MHD_Response *json_response(json_t *body)
+{
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  if (!text)
+    text = strdup("{}");
+  return text_response("application/json", text);
+}
+
+static struct MHD_Response *error_response(const char *code, const char *fmt, ...)
+  __attribute__((format(printf, 2, 3)));
+static struct MHD_Response *error_response(const char *code, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return json_response(json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
+}
+
+static enum MHD_Result queue(request *q, unsigned status, struct MHD_Response *r)
+{
+  if (!r)
+    return MHD_NO;
+  if (status == MHD_HTTP_UNAUTHORIZED)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+  if (q->s->stopping)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+  count_status(q->s, status);
+  enum MHD_Result ok = MHD_queue_response(q->conn, status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+/* An answer ready for a suspended request: resume it; the access handler queues it. */
+static void answer_later(request *q, unsigned status, struct MHD_Response *r)
+{
+  server *s = q->s;
+  q->response = r;
+  q->status = status;
+  if (q->suspended) {
+    q->suspended = false;
+    MHD_resume_connection(q->conn);
+    ev_timer_start(s->loop, &s->kick);
+  }
+}
+
+static const char *status_of(const berth_error *e, unsigned *status)
+{
+  if (!strcmp(e->code, "capacity"))
+    *status = MHD_HTTP_TOO_MANY_REQUESTS;
+  else if (!strcmp(e->code, "shutting_down"))
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+  else if (!strcmp(e->code, "completed"))
+    *status = MHD_HTTP_CONFLICT;
+  else if (!strcmp(e->code, "invalid_argument"))
+    *status = MHD_HTTP_BAD_REQUEST;
+  else
+    *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+  return e->code;
+}
+
+/* }====================================================== */
+
+/* {====================================================== streams */
+
+static void stream_unref(stream *st)
+{
+  if (--st->refs > 0)
+    return;
+  st->s->streams_open--;
+  free(st->buf);
+  free(st);
+}
+
+static void stream_wake(stream *st)
+{
+  if (st->suspended && st->conn) {
+    st->suspended = false;
+    MHD_resume_connection(st->conn);
+    ev_timer_start(st->s->loop, &st->s->kick);
+  }
+}
+
+static void stream_write(stream *st, const char *event, json_t *data)
+{
+  if (st->finished || !st->conn) {  /* (a client gone: the turn goes on unwatched) */
+    json_decref(data);
+    return;
+  }
+  char *text = json_dumps(data, JSON_COMPACT);  /* one line: no raw newlines */
+  json_decref(data);
+  if (!text)
+    return;
+  size_t need = strlen(event) + strlen(text) + 32;
+  if (st->len + need > st->cap) {
+    st->cap = (st->len + need) * 2;
+    st->buf = realloc(st->buf, st->cap);
+  }
+  st->len += (size_t)sprintf(st->buf + st->len, "event: %s\ndata: %s\n\n", event, text);
+  free(text);
+  stream_wake(st);
+}
+
+static void stream_finish(stream *st)
+{
+  st->finished = true;
+  stream_wake(st);
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+  (void)pos;
+  stream *st = cls;
+  if (st->off < st->len) {
+    size_t n = st->len - st->off < max ? st->len - st->off : max;
+    memcpy(buf, st->buf + st->off, n);
+    st->off += n;
+    if (st->off == st->len)
+      st->off = st->len = 0;
+    return (ssize_t)n;
+  }
+  if (st->finished)
+    return MHD_CONTENT_READER_END_OF_STREAM;
+  if (!st->conn)
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+  /* Nothing to send yet: park the connection until the next event. */
+  st->suspended = true;
+  MHD_suspend_connection(st->conn);
+  return 0;
+}
+
+static void sse_free(void *cls)
+{
+  stream_unref(cls);
+}
+
+/* The stream of the conversation's turn in progress (NULL outside a turn). */
+static stream *turn_stream(berth_conv *c)
+{
+  sconv *sc = berth_conv_userdata(c);
+  if (!sc || !sc->head || !sc->head->started)
+    return NULL;
+  return sc->head;
+}
+
+/* }====================================================== */
+
+/* {====================================================== host callbacks */
+
+static void on_turn_start(void *ud, berth_conv *c, const char *message)
+{
+  (void)ud;
+  (void)message;
+  sconv *sc = berth_conv_userdata(c);
+  if (sc && sc->head)
+    sc->head->started = true;
+}
+
+static void on_delta(void *ud, berth_conv *c, const char *text, size_t len)
+{
+  (void)ud;
+  stream *st = turn_stream(c);
+  if (st)
+    stream_write(st, "delta", json_pack("{s:s%}", "text", text, len));
+}
+
+static void on_message(void *ud, berth_conv *c, const char *text, size_t len)
+{
+  (void)ud;
+  stream *st = turn_stream(c);
+  if (st)
+    stream_write(st, "message", json_pack("{s:s%}", "text", text, len));
+}
+
+static void on_tool_call(void *ud, berth_conv *c, const char *id, const char *name,
+                         const char *arguments)
+{
+  (void)ud;
+  stream *st = turn_stream(c);
+  if (st)
+    stream_write(st, "tool_call", json_pack("{s:s, s:s, s:s}", "id", id, "name", name,
+                                            "arguments", arguments));
+}
+
+static void on_tool_result(void *ud, berth_conv *c, const char *id, const json_t *result,
+                           const berth_error *err)
+{
+  (void)ud;
+  stream *st = turn_stream(c);
+  if (!st)
+    return;
+  if (result)
+    stream_write(st, "tool_result", json_pack("{s:s, s:O}", "id", id, "result", result));
+  else
+    stream_write(st, "tool_result", json_pack("{s:s, s:{s:s, s:s}}", "id", id, "error",
+                                              "code", err->code, "message",
+                                              err->message ? err->message : ""));
+}
+
+static void on_error(void *ud, berth_conv *c, const berth_error *err)
+{
+  (void)ud;
+  stream *st = turn_stream(c);
+  if (st)
+    stream_write(st, "error", json_pack("{s:s, s:s}", "code", err->code, "message",
+                                        err->message ? err->message : ""));
+}
+
+static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
+{
+  (void)ud;
+  sconv *sc = berth_conv_userdata(c);
+  if (!sc || !sc->head)
+    return;
+  stream *st = sc->head;
+  stream_write(st, "turn_end", json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn,
+                                         "ok", info->ok, "seconds", info->seconds, "cells",
+                                         (json_int_t)info->cells));
+  stream_finish(st);
+  sc->head = st->next;
+  if (!sc->head)
+    sc->tail = NULL;
+  st->next = NULL;
+  stream_unref(st);
+}
+
+static void sconv_free(sconv *sc)
+{
+  server *s = sc->s;
+  while (sc->head) {            /* (only at exit: turns end before a completion) */
+    stream *st = sc->head;
+    sc->head = st->next;
+    stream_finish(st);
+    stream_unref(st);
+  }
+  if (sc->caller < s->n_callers)
+    s->callers[sc->caller].convs--;
+  berth_conv_free(sc->conv);
+  free(sc);
+}
+
+/* onComplete ran (DELETE): answer it, then let the conversation go. */
+static void on_completed(void *ud, berth_conv *c)
+{
+  (void)c;
+  sconv *sc = ud;
+  request *q = sc->deleting;
+  if (q) {
+    q->deleting = NULL;
+    answer_later(q, MHD_HTTP_OK,
+                 json_response(json_pack("{s:s, s:b, s:i}", "id", sc->id, "completed", 1,
+                                         "turns", (json_int_t)berth_conv_turns(c))));
+  }
+  sconv_free(sc);
+}
+
+/* }====================================================== */
+
+/* {====================================================== routes */
+
+/* The conversation's id from "/v1/conversations/<id>[/messages]"; the route. */
+static route match(const char *url, char *id)
+{
+  static const char base[] = "/v1/conversations";
+  if (!strcmp(url, "/healthz"))
+    return R_HEALTH;
+  if (!strcmp(url, "/metrics"))
+    return R_METRICS;
+  if (strncmp(url, base, sizeof base - 1) != 0)
+    return R_NONE;
+  url += sizeof base - 1;
+  if (!*url || !strcmp(url, "/"))
+    return R_CONVS;
+  if (*url++ != '/')
+    return R_NONE;
+  size_t n = strcspn(url, "/");
+  if (n == 0 || n > ID_LEN)
+    return R_NONE;
+  memcpy(id, url, n);
+  id[n] = '\0';
+  url += n;
+  if (!*url)
+    return R_CONV;
+  if (!strcmp(url, "/messages"))
+    return R_MESSAGES;
+  return R_NONE;
+}
+
+static const char *allowed(route r)
+{
+  switch (r) {
+    case R_HEALTH: case R_METRICS: return "GET";
+    case R_CONVS: case R_MESSAGES: return "POST";
+    case R_CONV: return "GET, DELETE";
+    default: return "";
+  }
+}
+
+static bool method_ok(route r, const char *method)
+{
+  const char *a = allowed(r);
+  size_t n = strlen(method);
+  for (const char *p = a; (p = strstr(p, method)); p += n)
+    if ((p == a || p[-1] == ' ') && (p[n] == '\0' || p[n] == ','))
+      return true;
+  return false;
+}
+
+/* Constant-time over every configured token; the caller's index, or -1. */
+static long authenticate(server *s, struct MHD_Connection *conn)
+{
+  const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+    return -1;
+  const char *tok = auth + 7;
+  while (*tok == ' ')
+    tok++;
+  size_t len = strlen(tok);
+  while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
+    len--;
+  if (!len)
+    return -1;
+  unsigned char hash[32];
+  SHA256((const unsigned char *)tok, len, hash);
+  long found = -1;
+  for (size_t i = 0; i < s->n_callers; i++)
+    if (CRYPTO_memcmp(hash, s->callers[i].hash, sizeof hash) == 0)
+      found = (long)i;
+  OPENSSL_cleanse(hash, sizeof hash);
+  return found;
+}
+
+static bool json_type_ok(struct MHD_Connection *conn)
+{
+  const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                               MHD_HTTP_HEADER_CONTENT_TYPE);
+  if (!ct)
+    return true;
+  while (*ct == ' ')
+    ct++;
+  return strncasecmp(ct, "application/json", 16) == 0 && (ct[16] == '\0' || ct[16] == ';' ||
+                                                          ct[16] == ' ');
+}
+
+/* The body as a JSON object (an empty body is {} when `empty_ok`). */
+static json_t *parse_object(request *q, bool empty_ok, struct MHD_Response **err)
+{
+  if (q->len == 0 && empty_ok)
+    return json_object();
+  json_error_t je;
+  json_t *v = q->len ? json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je) : NULL;
+  if (!v) {
+    *err = q->len ? error_response("invalid_argument", "the body is not valid JSON (%s at "
+                                                       "byte %d)", je.text, je.position)
+                  : error_response("invalid_argument", "the body is empty; a JSON object "
+                                                       "is needed");
+    return NULL;
+  }
+  if (!json_is_object(v)) {
+    json_decref(v);
+    *err = error_response("invalid_argument", "the body must be a JSON object");
+    return NULL;
+  }
+  return v;
+}
+
+static enum MHD_Result do_create(request *q)
+{
+  server *s = q->s;
+  struct MHD_Response *err = NULL;
+  json_t *body = parse_object(q, true, &err);
+  if (!body)
+    return queue(q, MHD_HTTP_BAD_REQUEST, err);
+  const char *k;
+  json_t *v;
+  json_object_foreach(body, k, v)
+    if (strcmp(k, "userId") && strcmp(k, "metadata")) {
+      json_decref(body);
+      return queue(q, MHD_HTTP_BAD_REQUEST,
+                   error_response("invalid_argument", "unknown field \"%.64s\" (known: "
+                                                      "userId, metadata)", k));
+    }
+  const json_t *user = json_object_get(body, "userId");
+  const json_t *meta = json_object_get(body, "metadata");
+  const char *bad = NULL;
+  if (user && (!json_is_string(user) || json_string_length(user) == 0 ||
+               json_string_length(user) > 128 ||
+               strlen(json_string_value(user)) != json_string_length(user)))
+    bad = "userId must be a string of 1 to 128 bytes";
+  else if (meta && !json_is_object(meta))
+    bad = "metadata must be a JSON object";
+  if (bad) {
+    json_decref(body);
+    return queue(q, MHD_HTTP_BAD_REQUEST, error_response("invalid_argument", "%s", bad));
+  }
+  caller *cl = &s->callers[q->caller];
+  if (s->max_per_caller && cl->convs >= s->max_per_caller) {
+    json_decref(body);
+    return queue(q, MHD_HTTP_TOO_MANY_REQUESTS,
+                 error_response("capacity", "this caller holds its limit of %zu "
+                                            "conversations; delete one first",
+                                s->max_per_caller));
+  }
+  /* The owner the hooks see: the caller's label, and its user when it names one, so
+   * that two callers' users never share an owner (nor its sandbox caps). */
+  char owner[160];
+  if (user)
+    snprintf(owner, sizeof owner, "%s:%s", cl->label, json_string_value(user));
+  sconv *sc = calloc(1, sizeof *sc);
+  sc->s = s;
+  sc->caller = q->caller;
+  unsigned char raw[ID_LEN / 2];
+  if (RAND_bytes(raw, sizeof raw) != 1) {
+    free(sc);
+    json_decref(body);
+    return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                 error_response("internal", "no random bytes for an id"));
+  }
+  hex(raw, sizeof raw, sc->id);
+  berth_conv_options co = {NULL, user ? owner : NULL, meta, sc};
+  berth_error *e = berth_conv_open(s->h, &co, &sc->conv);
+  json_decref(body);
+  if (e) {
+    unsigned status;
+    const char *code = status_of(e, &status);
+    struct MHD_Response *r = error_response(code, "%s", e->message);
+    berth_error_free(e);
+    free(sc);
+    return queue(q, status, r);
+  }
+  cl->convs++;
+  table_add(s, sc);
+  if (s->verbose)
+    slog(s, "caller %s opened %s", cl->label, berth_conv_run_id(sc->conv));
+  return queue(q, MHD_HTTP_CREATED, json_response(json_pack("{s:s}", "id", sc->id)));
+}
+
+static enum MHD_Result do_message(request *q, sconv *sc)
+{
+  server *s = q->s;
+  struct MHD_Response *err = NULL;
+  json_t *body = parse_object(q, false, &err);
+  if (!body)
+    return queue(q, MHD_HTTP_BAD_REQUEST, err);
+  const json_t *content = json_object_get(body, "content");
+  if (!json_is_string(content) || json_object_size(body) != 1 ||
+      strlen(json_string_value(content)) != json_string_length(content)) {
+    json_decref(body);
+    return queue(q, MHD_HTTP_BAD_REQUEST,
+                 error_response("invalid_argument", "the body must be {\"content\": "
+                                                    "\"<the message>\"} (a string without "
+                                                    "NUL bytes)"));
+  }
+  stream *st = calloc(1, sizeof *st);
+  st->s = s;
+  st->conn = q->conn;
+  st->refs = 2;                 /* the conversation's queue, the request */
+  s->streams_open++;
+  if (sc->tail)
+    sc->tail->next = st;
+  else
+    sc->head = st;
+  sc->tail = st;
+  /* May start the turn at once (its start event marks the stream). */
+  berth_error *e = berth_conv_message(sc->conv, json_string_value(content));
+  json_decref(body);
+  if (e) {
+    /* refused before anything started: take the stream back out (it is the tail) */
+    stream **pp = &sc->head;
+    sc->tail = NULL;
+    while (*pp) {
+      if (*pp == st)
+        *pp = st->next;
+      else {
+        sc->tail = *pp;
+        pp = &(*pp)->next;
+      }
+    }
+    st->refs = 1;
+    stream_unref(st);
+    unsigned status;
+    const char *code = status_of(e, &status);
+    struct MHD_Response *r = error_response(code, "%s", e->message);
+    berth_error_free(e);
+    return queue(q, status, r);
+  }
+  q->stream = st;
+  struct MHD_Response *r =
+    MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, st, sse_free);
+  if (!r)
+    return MHD_NO;
+  st->refs++;                   /* the response's */
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  MHD_add_response_header(r, "X-Accel-Buffering", "no");
+  return queue(q, MHD_HTTP_OK, r);
+}
+
+static enum MHD_Result do_delete(request *q, sconv *sc)
+{
+  server *s = q->s;
+  if (s->verbose)
+    slog(s, "caller %s deletes %s", s->callers[q->caller].label, berth_conv_run_id(sc->conv));
+  table_remove(s, sc);          /* gone for every request from now on */
+  sc->deleting = q;
+  q->deleting = sc;
+  q->suspended = true;
+  MHD_suspend_connection(q->conn);
+  berth_conv_complete(sc->conv, on_completed, sc);
+  return MHD_YES;
+}
+
+static enum MHD_Result do_metrics(request *q)
+{
+  server *s = q->s;
+  char *text = berth_host_metrics(s->h);
+  if (!text)
+    return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                 error_response("internal", "cannot render the metrics"));
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  fputs(text, f);
+  free(text);
+  fputs("# HELP berth_http_responses_total HTTP responses sent, by status.\n"
+        "# TYPE berth_http_responses_total counter\n", f);
+  for (size_t i = 0; i < s->n_statuses; i++)
+    fprintf(f, "berth_http_responses_total{code=\"%u\"} %llu\n", s->statuses[i].code,
+            (unsigned long long)s->statuses[i].n);
+  fprintf(f, "# HELP berth_http_streams Event streams open.\n"
+             "# TYPE berth_http_streams gauge\n"
+             "berth_http_streams %llu\n", (unsigned long long)s->streams_open);
+  fclose(f);
+  return queue(q, MHD_HTTP_OK, text_response("text/plain; version=0.0.4; charset=utf-8", buf));
+}
+
+static enum MHD_Result dispatch(request *q)
+{
+  server *s = q->s;
+  switch (q->route) {
+    case R_HEALTH:
+      return queue(q, s->stopping ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
+                   json_response(json_pack("{s:s}", "status",
+                                           s->stopping ? "shutting_down" : "ok")));
+    case R_METRICS:
+      return do_metrics(q);
+    case R_CONVS:
+      return do_create(q);
+    default:
+      break;
+  }
+  sconv *sc = table_find(s, q->id, q->caller);
+  if (!sc)
+    return queue(q, MHD_HTTP_NOT_FOUND,
+                 error_response("not_found", "no such conversation"));
+  if (q->route == R_MESSAGES)
+    return do_message(q, sc);
+  /* R_CONV */
+  if (q->is_delete)
+    return do_delete(q, sc);
+  return queue(q, MHD_HTTP_OK,
+               json_response(json_pack("{s:s, s:i, s:b, s:b}", "id", sc->id, "turns",
+                                       (json_int_t)berth_conv_turns(sc->conv), "busy",
+                                       berth_conv_busy(sc->conv), "suspended",
+                                       berth_conv_suspended(sc->conv))));
+}
+
+/* }====================================================== */
+
+/* {====================================================== MHD callbacks */
+
+static bool take_body(request *q, const char *data, size_t n)
+{
+  size_t max = q->s->max_body;
+  if (!q->too_large && q->len + n > max) {
+    q->too_large = true;
+    q->discarded = q->len;
+    free(q->body);
+    q->body = NULL;
+    q->len = q->cap = 0;
+  }
+  if (q->too_large) {
+    q->discarded += n;
+    return q->discarded <= 2 * max;  /* a sender that keeps going is cut off */
+  }
+  if (q->len + n > q->cap) {
+    q->cap = q->len + n > 2 * q->cap ? q->len + n : 2 * q->cap;
+    if (q->cap > max)
+      q->cap = max;
+    q->body = realloc(q->body, q->cap + 1);
+  }
+  memcpy(q->body + q->len, data, n);
+  q->len += n;
+  return true;
+}
+
+/* Checks on the request line and headers, before the body. */
+static enum MHD_Result check_head(request *q, const char *url, const char *method)
+{
+  server *s = q->s;
+  q->route = match(url, q->id);
+  if (q->route == R_NONE)
+    return queue(q, MHD_HTTP_NOT_FOUND, error_response("not_found", "no such route"));
+  if (!method_ok(q->route, method)) {
+    struct MHD_Response *r = error_response("method_not_allowed",
+                                            "this route takes %s, not %.16s",
+                                            allowed(q->route), method);
+    if (r)
+      MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allowed(q->route));
+    return queue(q, MHD_HTTP_METHOD_NOT_ALLOWED, r);
+  }
+  if (q->route != R_HEALTH) {
+    long who = authenticate(s, q->conn);
+    if (who < 0)
+      return queue(q, MHD_HTTP_UNAUTHORIZED,
+                   error_response("unauthenticated", "this server needs Authorization: "
+                                                     "Bearer <token> with a token of its "
+                                                     "token file"));
+    q->caller = (size_t)who;
+  }
+  bool posts = !strcmp(method, MHD_HTTP_METHOD_POST);
+  if (posts && !json_type_ok(q->conn))
+    return queue(q, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE,
+                 error_response("invalid_argument", "the body must be application/json"));
+  const char *cl = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND,
+                                               MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl) {
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(cl, &end, 10);
+    if (!errno && *end == '\0' && n > s->max_body)
+      return queue(q, MHD_HTTP_CONTENT_TOO_LARGE,
+                   error_response("payload_too_large", "the body (%llu bytes) is over this "
+                                                       "server's limit of %zu bytes",
+                                  n, s->max_body));
+  }
+  if (s->stopping && (posts || !strcmp(method, MHD_HTTP_METHOD_DELETE)))
+    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE,
+                 error_response("shutting_down", "the server is shutting down"));
+  return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+  (void)version;
+  server *s = cls;
+  request *q = *con_cls;
+  if (!q) {
+    q = calloc(1, sizeof *q);
+    q->s = s;
+    q->conn = conn;
+    *con_cls = q;
+    s->active++;
+    return check_head(q, url, method);
+  }
+  if (q->response) {            /* answered while suspended */
+    struct MHD_Response *r = q->response;
+    q->response = NULL;
+    return queue(q, q->status, r);
+  }
+  if (*upload_data_size) {
+    bool more = take_body(q, upload_data, *upload_data_size);
+    *upload_data_size = 0;
+    return more ? MHD_YES : MHD_NO;
+  }
+  if (q->suspended || q->stream || q->dispatched)
+    return MHD_YES;             /* a spurious call while waiting */
+  if (q->too_large)
+    return queue(q, MHD_HTTP_CONTENT_TOO_LARGE,
+                 error_response("payload_too_large", "the body is over this server's limit "
+                                                     "of %zu bytes", s->max_body));
+  if (s->stopping && q->route != R_HEALTH && q->route != R_METRICS &&
+      strcmp(method, MHD_HTTP_METHOD_GET) != 0)
+    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE,
+                 error_response("shutting_down", "the server is shutting down"));
+  q->is_delete = !strcmp(method, MHD_HTTP_METHOD_DELETE);
+  q->dispatched = true;
+  return dispatch(q);
+}
+
+static void on_request_done(void *cls, struct MHD_Connection *conn, void **con_cls,
+                            enum MHD_RequestTerminationCode toe)
+{
+  (void)conn;
+  (void)toe;
+  server *s = cls;
+  request *q = *con_cls;
+  *con_cls = NULL;
+  if (!q)
+    return;
+  if (q->stream) {
+    q->stream->conn = NULL;
+    q->stream->suspended = false;
+    stream_unref(q->stream);
+  }
+  /* A DELETE whose client went away: its completion answers nobody. */
+  if (q->deleting)
+    q->deleting->deleting = NULL;
+  if (q->response)
+    MHD_destroy_response(q->response);
+  free(q->body);
+  free(q);
+  s->active--;
+  if (s->host_done && s->active == 0)
+    ev_break(s->loop, EVBREAK_ALL);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+  server *s = cls;
+  if (!s->verbose)
+    return;
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  line[strcspn(line, "\r\n")] = '\0';
+  slog(s, "http: %s", line);
+}
+
+/* }====================================================== */
+
+/* {====================================================== libev glue */
+
+static void run_mhd(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  server *s = w->data;
+  MHD_run(s->mhd);
+}
+
+static void on_epoll(struct ev_loop *loop, ev_io *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  server *s = w->data;
+  MHD_run(s->mhd);
+}
+
+static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+  (void)revents;
+  server *s = w->data;
+  MHD_UNSIGNED_LONG_LONG ms;
+  ev_timer_stop(loop, &s->timer);
+  if (MHD_get_timeout(s->mhd, &ms) == MHD_YES) {
+    ev_timer_set(&s->timer, (double)ms / 1000.0, 0.);
+    ev_timer_start(loop, &s->timer);
+  }
+}
+
+static int bind_listener(const char *spec, unsigned *port, char **why)
+{
+  char host[256];
+  const char *colon = strrchr(spec, ':');
+  if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host || !colon[1]) {
+    *why = strdup("--listen needs HOST:PORT");
+    return -1;
+  }
+  memcpy(host, spec, (size_t)(colon - spec));
+  host[colon - spec] = '\0';
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = '\0';
+  }
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int rc = getaddrinfo(host, colon + 1, &hints, &res);
+  if (rc != 0) {
+    if (asprintf(why, "cannot resolve %s: %s", host, gai_strerror(rc)) < 0)
+      *why = NULL;
+    return -1;
+  }
+  int fd = -1, last = 0;
+  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      last = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
+      last = errno;
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    if (asprintf(why, "cannot listen on %s: %s", spec, strerror(last)) < 0)
+      *why = NULL;
+    return -1;
+  }
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &sl);
+  *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                         : ((struct sockaddr_in *)&ss)->sin_port);
+  return fd;
+}
+
+/* }====================================================== */
+
+/* {====================================================== shutdown */
+
+static void on_flush_limit(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)revents;
+  server *s = w->data;
+  slog(s, "%zu requests still open after %.0f s; closing them", s->active, FLUSH_LIMIT);
+  ev_break(loop, EVBREAK_ALL);
+}
+
+static void on_host_stopped(void *ud)
+{
+  server *s = ud;
+  s->host_done = true;
+  /* Every turn ended, so every stream is finished; let the connections flush. */
+  if (s->active == 0) {
+    ev_break(s->loop, EVBREAK_ALL);
+    return;
+  }
+  ev_timer_init(&s->flush, on_flush_limit, FLUSH_LIMIT, 0.);
+  s->flush.data = s;
+  ev_timer_start(s->loop, &s->flush);
+}
+
+static void on_stop_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  server *s = w->data;
+  if (s->stopping) {
+    slog(s, "already shutting down");
+    return;
+  }
+  s->stopping = true;
+  berth_stats st;
+  berth_host_stats(s->h, &st);
+  slog(s, "%s: shutting down (%llu turns running, %llu queued)",
+       w->signum == SIGTERM ? "SIGTERM" : "SIGINT", (unsigned long long)st.turns_running,
+       (unsigned long long)st.messages_queued);
+  MHD_socket fd = MHD_quiesce_daemon(s->mhd);
+  if (fd != MHD_INVALID_SOCKET)
+    close(fd);                  /* after quiescing, the listening socket is ours */
+  berth_host_shutdown(s->h, on_host_stopped, s);
+}
+
+/* }====================================================== */
+
+/* {====================================================== the command */
+
+enum {
+  O_LISTEN = 256, O_TOKEN_FILE, O_HOOKS, O_MODEL, O_DAEMON, O_DAEMON_TOKEN, O_SANDBOXD,
+  O_PROVIDER, O_MAX_CONVS, O_MAX_PER_CALLER, O_MAX_TURNS, O_MAX_QUEUED, O_MAX_SANDBOXES,
+  O_MAX_BODY, O_IDLE, O_GRACE, O_MIN_ISO, O_VERBOSE, O_HELP, O_VERSION
+};
+
+static const struct option serve_opts[] = {
+  {"listen", required_argument, NULL, O_LISTEN},
+  {"token-file", required_argument, NULL, O_TOKEN_FILE},
+  {"hooks", required_argument, NULL, O_HOOKS},
+  {"model", required_argument, NULL, O_MODEL},
+  {"daemon", required_argument, NULL, O_DAEMON},
+  {"token-file-daemon", required_argument, NULL, O_DAEMON_TOKEN},
+  {"sandboxd", required_argument, NULL, O_SANDBOXD},
+  {"provider", required_argument, NULL, O_PROVIDER},
+  {"max-conversations", required_argument, NULL, O_MAX_CONVS},
+  {"max-conversations-per-caller", required_argument, NULL, O_MAX_PER_CALLER},
+  {"max-concurrent-turns", required_argument, NULL, O_MAX_TURNS},
+  {"max-queued-messages", required_argument, NULL, O_MAX_QUEUED},
+  {"max-sandboxes", required_argument, NULL, O_MAX_SANDBOXES},
+  {"max-body-bytes", required_argument, NULL, O_MAX_BODY},
+  {"idle-timeout", required_argument, NULL, O_IDLE},
+  {"shutdown-grace", required_argument, NULL, O_GRACE},
+  {"minimum-isolation", required_argument, NULL, O_MIN_ISO},
+  {"verbose", no_argument, NULL, O_VERBOSE},
+  {"help", no_argument, NULL, O_HELP},
+  {"version", no_argument, NULL, O_VERSION},
+  {NULL, 0, NULL, 0}
+};
+
+typedef struct serve_args {
+  const char *listen, *token_file, *hooks, *model, *daemon, *daemon_token, *sandboxd,
+             *provider, *min_iso;
+  size_t max_convs, max_per_caller, max_turns, max_queued, max_body, max_sandboxes;
+  bool max_sandboxes_set, grace_set;
+  double idle, grace;
+  bool verbose;
+} serve_args;
+
+static int usage_error(const char *fmt, const char *arg)
+{
+  fprintf(stderr, "berth serve: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n\n%s", serve_usage);
+  return 2;
+}
+
+/* Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, serve_args *a)
+{
+  memset(a, 0, sizeof *a);
+  a->max_convs = DEFAULT_MAX_CONVERSATIONS;
+  a->max_turns = DEFAULT_MAX_TURNS;
+  a->max_queued = DEFAULT_MAX_QUEUED;
+  a->max_body = DEFAULT_MAX_BODY;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "+", serve_opts, NULL)) != -1) {
+    size_t *count = NULL;
+    double *secs = NULL;
+    switch (c) {
+      case O_LISTEN: a->listen = optarg; break;
+      case O_TOKEN_FILE: a->token_file = optarg; break;
+      case O_HOOKS: a->hooks = optarg; break;
+      case O_MODEL: a->model = optarg; break;
+      case O_DAEMON: a->daemon = optarg; break;
+      case O_DAEMON_TOKEN: a->daemon_token = optarg; break;
+      case O_SANDBOXD: a->sandboxd = optarg; break;
+      case O_PROVIDER: a->provider = optarg; break;
+      case O_MIN_ISO: a->min_iso = optarg; break;
+      case O_MAX_CONVS: count = &a->max_convs; break;
+      case O_MAX_PER_CALLER: count = &a->max_per_caller; break;
+      case O_MAX_TURNS: count = &a->max_turns; break;
+      case O_MAX_QUEUED: count = &a->max_queued; break;
+      case O_MAX_BODY: count = &a->max_body; break;
+      case O_MAX_SANDBOXES: count = &a->max_sandboxes; a->max_sandboxes_set = true; break;
+      case O_IDLE: secs = &a->idle; break;
+      case O_GRACE: secs = &a->grace; a->grace_set = true; break;
+      case O_VERBOSE: a->verbose = true; break;
+      case O_HELP: fputs(serve_usage, stdout); return 0;
+      case O_VERSION:
+        printf("berth %s (libplimsoll %s, protocol %d)\n", BERTH_VERSION, PLIMSOLL_VERSION,
+               PLIMSOLL_PROTOCOL);
+        return 0;
+      default:
+        return usage_error("unknown option %s", argv[optind - 1]);
+    }
+    if (count && !parse_count(optarg, count))
+      return usage_error("%s needs a whole number", argv[optind - 2]);
+    if (secs && !parse_secs(optarg, secs))
+      return usage_error("%s needs seconds >= 0", argv[optind - 2]);
+  }
+  if (optind != argc)
+    return usage_error("unexpected argument %s", argv[optind]);
+  if (!a->listen)
+    return usage_error("%s", "give --listen HOST:PORT");
+  if (!a->token_file)
+    return usage_error("%s", "give --token-file FILE (the callers' bearer tokens)");
+  if (a->daemon && (a->sandboxd || a->provider))
+    return usage_error("%s", "give either --daemon or --sandboxd/--provider, not both");
+  if (a->max_body == 0 || a->max_body > (size_t)64 << 20)
+    return usage_error("%s", "--max-body-bytes must be 1 .. 67108864");
+  if (a->max_sandboxes > 1000000)
+    return usage_error("%s", "--max-sandboxes is too large");
+  return -1;
+}
+
+static int load_callers(server *s, const char *path)
+{
+  char **lines;
+  int n = read_lines(path, &lines);
+  if (n < 0) {
+    slog(s, "cannot read the token file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  if (n == 0) {
+    slog(s, "the token file %s holds no token", path);
+    free(lines);
+    return -1;
+  }
+  s->callers = calloc((size_t)n, sizeof *s->callers);
+  s->n_callers = (size_t)n;
+  for (int i = 0; i < n; i++) {
+    SHA256((const unsigned char *)lines[i], strlen(lines[i]), s->callers[i].hash);
+    s->callers[i].label[0] = 'k';
+    hex(s->callers[i].hash, 4, s->callers[i].label + 1);
+  }
+  free_lines(lines, n);
+  return 0;
+}
+
+static void raise_fd_limit(void)
+{
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+int berth_cmd_serve(int argc, char **argv)
+{
+  serve_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  raise_fd_limit();
+  server srv;
+  server *s = &srv;
+  memset(s, 0, sizeof *s);
+  s->verbose = a.verbose;
+  s->max_body = a.max_body;
+  s->max_per_caller = a.max_per_caller;
+  s->listen_fd = -1;
+  if (load_callers(s, a.token_file) != 0)
+    return 2;
+
+  int status = 1;
+  char *scripts = berth_find_scripts_dir();
+  char hooks[4096];
+  char *daemon_token = NULL;
+  const char *daemon_url = NULL;
+  berth_daemon local;
+  bool own = false;
+  memset(&local, 0, sizeof local);
+  local.pid = -1;
+  local.out_fd = -1;
+  s->loop = ev_default_loop(0);
+  if (a.hooks)
+    snprintf(hooks, sizeof hooks, "%s", a.hooks);
+  else if (scripts)
+    snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
+  else {
+    slog(s, "cannot find the shipped scripts (set BERTH_SCRIPTS, or give --hooks)");
+    goto out;
+  }
+  if (a.daemon) {
+    daemon_url = a.daemon;
+    if (a.daemon_token) {
+      char **lines;
+      int n = read_lines(a.daemon_token, &lines);
+      if (n <= 0) {
+        slog(s, "cannot read a token from %s", a.daemon_token);
+        if (n == 0)
+          free(lines);
+        goto out;
+      }
+      daemon_token = strdup(lines[0]);
+      free_lines(lines, n);
+    }
+  } else if (a.sandboxd || a.provider) {
+    const char *provider = a.provider;
+    if (!provider)
+      provider = getenv("BERTH_PROVIDER") && *getenv("BERTH_PROVIDER")
+                 ? getenv("BERTH_PROVIDER") : "echo";
+    if (berth_daemon_start(&local, a.sandboxd, provider, a.verbose) != 0)
+      goto out;
+    own = true;
+    daemon_url = local.url;
+    daemon_token = strdup(local.token);
+    if (!a.max_sandboxes_set)
+      a.max_sandboxes = OWN_SANDBOXD_MAX_SANDBOXES;
+  } else if (getenv("PLIMSOLL_URL") && *getenv("PLIMSOLL_URL")) {
+    daemon_url = getenv("PLIMSOLL_URL");
+    if (getenv("PLIMSOLL_TOKEN"))
+      daemon_token = strdup(getenv("PLIMSOLL_TOKEN"));
+  } else
+    slog(s, "warning: no plimsoll daemon (--daemon, --sandboxd or PLIMSOLL_URL): tool "
+            "calls will answer \"Nothing ran\"");
+  if (a.model) {
+    berth_error *e = berth_model_open(s->loop, a.model, &s->model);
+    if (e) {
+      slog(s, "%s", e->message);
+      berth_error_free(e);
+      goto out;
+    }
+  }
+
+  berth_options ho;
+  berth_options_init(&ho);
+  ho.loop = s->loop;
+  ho.hooks_file = hooks;
+  ho.lib_dir = scripts;
+  if (a.idle > 0)
+    ho.idle_timeout = a.idle;
+  ho.daemon_url = daemon_url;
+  ho.daemon_token = daemon_token;
+  ho.minimum_isolation = a.min_iso ? a.min_iso : "container";
+  ho.timeout_ms = CALL_TIMEOUT_MS;
+  ho.model = s->model;
+  ho.log = host_log;
+  ho.log_ud = s;
+  ho.handle_sighup = true;
+  ho.max_conversations = a.max_convs;
+  ho.max_concurrent_turns = a.max_turns;
+  ho.max_queued_messages = a.max_queued;
+  ho.max_sandboxes = (int)a.max_sandboxes;
+  if (a.grace_set)
+    ho.shutdown_grace = a.grace > 0 ? a.grace : -1;  /* 0: cancel at once */
+  berth_callbacks cb = {on_turn_start, on_delta, on_message, on_tool_call, on_tool_result,
+                        on_turn_end, NULL, NULL, on_error, s};
+  ho.callbacks = cb;
+  berth_error *e = berth_host_open(&ho, &s->h);
+  if (e) {
+    slog(s, "%s", e->message);
+    berth_error_free(e);
+    goto out;
+  }
+
+  unsigned port = 0;
+  char *why = NULL;
+  s->listen_fd = bind_listener(a.listen, &port, &why);
+  if (s->listen_fd < 0) {
+    slog(s, "%s", why ? why : "cannot listen");
+    free(why);
+    goto out;
+  }
+  s->mhd = MHD_start_daemon(
+    MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, s,
+    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+    MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+    MHD_OPTION_NOTIFY_COMPLETED, on_request_done, s,
+    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
+    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)8192,
+    MHD_OPTION_END);
+  const union MHD_DaemonInfo *info =
+    s->mhd ? MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
+  if (!info || info->epoll_fd < 0) {
+    slog(s, "libmicrohttpd would not start (epoll with suspend/resume)");
+    goto out;
+  }
+  ev_io_init(&s->io, on_epoll, info->epoll_fd, EV_READ);
+  s->io.data = s;
+  ev_io_start(s->loop, &s->io);
+  ev_timer_init(&s->timer, run_mhd, 0., 0.);
+  s->timer.data = s;
+  ev_timer_init(&s->kick, run_mhd, 0., 0.);
+  s->kick.data = s;
+  ev_prepare_init(&s->prepare, on_prepare);
+  s->prepare.data = s;
+  ev_prepare_start(s->loop, &s->prepare);
+  ev_signal_init(&s->sigterm, on_stop_signal, SIGTERM);
+  s->sigterm.data = s;
+  ev_signal_start(s->loop, &s->sigterm);
+  ev_signal_init(&s->sigint, on_stop_signal, SIGINT);
+  s->sigint.data = s;
+  ev_signal_start(s->loop, &s->sigint);
+
+  {
+    const char *colon = strrchr(a.listen, ':');
+    printf("listening http://%.*s:%u\n", (int)(colon - a.listen), a.listen, port);
+    fflush(stdout);
+    slog(s, "%zu caller%s, daemon %s, model %s, limits: %zu conversations, %zu turns at "
+            "once, %zu queued, %zu sandboxes", s->n_callers, s->n_callers == 1 ? "" : "s",
+         daemon_url ? (own ? "started locally" : daemon_url) : "none",
+         a.model ? a.model : "none", a.max_convs, a.max_turns, a.max_queued,
+         a.max_sandboxes);
+  }
+  ev_run(s->loop, 0);
+  status = s->host_done ? 0 : 1;
+  {
+    berth_stats st;
+    berth_host_stats(s->h, &st);
+    slog(s, "stopped: %llu conversations opened, %llu turns (%llu failed, %llu cancelled), "
+            "%llu cells (%llu failed)", (unsigned long long)st.conversations_opened,
+         (unsigned long long)st.turns_ended, (unsigned long long)st.turns_failed,
+         (unsigned long long)st.turns_cancelled, (unsigned long long)st.cells,
+         (unsigned long long)st.cell_errors);
+  }
+
+out:
+  if (s->mhd) {
+    /* Resume what is parked (MHD must not stop with suspended connections). */
+    for (size_t i = 0; i < s->table_size; i++)
+      for (sconv *c = s->table[i]; c; c = c->hnext)
+        for (stream *st = c->head; st; st = st->next) {
+          st->finished = true;
+          stream_wake(st);
+        }
+    ev_io_stop(s->loop, &s->io);
+    ev_timer_stop(s->loop, &s->timer);
+    ev_timer_stop(s->loop, &s->kick);
+    ev_timer_stop(s->loop, &s->flush);
+    ev_prepare_stop(s->loop, &s->prepare);
+    ev_signal_stop(s->loop, &s->sigterm);
+    ev_signal_stop(s->loop, &s->sigint);
+    MHD_run(s->mhd);
+    MHD_stop_daemon(s->mhd);
+  } else if (s->listen_fd >= 0)
+    close(s->listen_fd);
+  for (size_t i = 0; i < s->table_size; i++)
+    while (s->table[i]) {
+      sconv *c = s->table[i];
+      s->table[i] = c->hnext;
+      sconv_free(c);
+    }
+  free(s->table);
+  berth_host_free(s->h);
+  berth_model_free(s->model);
+  if (own)
+    berth_daemon_stop(&local);
+  if (daemon_token) {
+    OPENSSL_cleanse(daemon_token, strlen(daemon_token));
+    free(daemon_token);
+  }
+  free(s->callers);
+  free(scripts);
+  ev_loop_destroy(s->loop);
+  return status;
+}
+
+/* }====================================================== */

@@ -1,0 +1,58 @@
+#!/bin/sh
+# demo.sh — `make demo`: start a local sandboxd, replay the demo conversation through
+# the default hooks (scripts/code_chat.lua) with the scripted model, stop the daemon.
+#
+#   BERTH_PROVIDER=echo|bwrap|gvisor|process   the sandboxd provider (default echo: a
+#                                              protocol-correct daemon that runs nothing)
+#   BUILD=build                                where make put the binaries
+set -u
+BUILD=${BUILD:-build}
+provider=${BERTH_PROVIDER:-echo}
+here=$(cd "$(dirname "$0")" && pwd)
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/berth-demo.XXXXXX") || exit 1
+daemon_pid=
+cleanup() {
+    if [ -n "$daemon_pid" ]; then
+        kill -TERM "$daemon_pid" 2>/dev/null
+        wait "$daemon_pid" 2>/dev/null
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+# A fresh token, readable only by us.
+umask 077
+od -An -N24 -tx1 /dev/urandom | tr -d ' \n' > "$work/token"
+echo >> "$work/token"
+
+"$BUILD/sandboxd" --listen 127.0.0.1:0 --token-file "$work/token" --provider "$provider" \
+    > "$work/daemon.out" 2> "$work/daemon.log" &
+daemon_pid=$!
+
+# Wait for its one `listening URL` line: bounded, and over as soon as it is there or
+# the daemon died.
+url=
+i=0
+while [ $i -lt 600 ]; do
+    url=$(sed -n 's/^listening //p' "$work/daemon.out")
+    [ -n "$url" ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+    i=$((i + 1))
+done
+if [ -z "$url" ]; then
+    echo "demo: sandboxd --provider $provider did not start:" >&2
+    cat "$work/daemon.log" >&2
+    exit 1
+fi
+echo "demo: sandboxd --provider $provider listening at $url"
+
+"$BUILD/berth" replay --daemon "$url" --token-file "$work/token" --provider "$provider" \
+    "$here/demo_conversation.lua"
+rc=$?
+if [ $rc -ne 0 ]; then
+    echo "demo: the replay failed (exit $rc); the daemon's log:" >&2
+    cat "$work/daemon.log" >&2
+fi
+exit $rc

@@ -1,0 +1,459 @@
+/*
+ * servetest.c — see servetest.h.
+ */
+#include "servetest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ARGS 64
+
+double st_now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int random_hex(char *out, size_t bytes)
+{
+  unsigned char raw[64];
+  if (bytes > sizeof raw || getrandom(raw, bytes, 0) != (ssize_t)bytes)
+    return -1;
+  for (size_t i = 0; i < bytes; i++)
+    snprintf(out + 2 * i, 3, "%02x", raw[i]);
+  return 0;
+}
+
+static int write_file(const char *path, const char *text)
+{
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return -1;
+  fputs(text, f);
+  return fclose(f);
+}
+
+int st_start(st_server *s, const char *script_lua, const char *const *extra)
+{
+  memset(s, 0, sizeof *s);
+  s->pid = -1;
+  s->out_fd = -1;
+  s->pidfd = -1;
+  snprintf(s->dir, sizeof s->dir, "/tmp/berth-serve-XXXXXX");
+  if (!mkdtemp(s->dir))
+    return -1;
+  if (random_hex(s->token[0], 32) || random_hex(s->token[1], 32))
+    return -1;
+  char tokens[128], script[128], text[256];
+  snprintf(tokens, sizeof tokens, "%s/tokens", s->dir);
+  snprintf(script, sizeof script, "%s/script.lua", s->dir);
+  snprintf(s->log, sizeof s->log, "%s/serve.log", s->dir);
+  snprintf(text, sizeof text, "# callers\n%s\n\n%s\n", s->token[0], s->token[1]);
+  if (write_file(tokens, text) || write_file(script, script_lua)) {
+    fprintf(stderr, "st_start: cannot write %s\n", s->dir);
+    return -1;
+  }
+  const char *build = getenv("BUILD") && *getenv("BUILD") ? getenv("BUILD") : "build";
+  char prog[256], model[160];
+  snprintf(prog, sizeof prog, "%s/berth", build);
+  snprintf(model, sizeof model, "scripted:%s", script);
+  const char *argv[MAX_ARGS];
+  int n = 0;
+  const char *wrap = getenv("BERTH_SERVE_WRAPPER");  /* e.g. "valgrind --leak-check=full" */
+  char wrapbuf[512];
+  if (wrap && *wrap) {
+    snprintf(wrapbuf, sizeof wrapbuf, "%s", wrap);
+    for (char *tok = strtok(wrapbuf, " "); tok && n < 16; tok = strtok(NULL, " "))
+      argv[n++] = tok;
+  }
+  argv[n++] = prog;
+  argv[n++] = "serve";
+  argv[n++] = "--listen";
+  argv[n++] = "127.0.0.1:0";
+  argv[n++] = "--token-file";
+  argv[n++] = tokens;
+  argv[n++] = "--model";
+  argv[n++] = model;
+  for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
+    argv[n++] = extra[i];
+  argv[n] = NULL;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return -1;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(1);
+    dup2(fds[1], STDOUT_FILENO);
+    int logfd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (logfd >= 0)
+      dup2(logfd, STDERR_FILENO);
+    execvp(argv[0], (char *const *)argv);
+    dprintf(STDERR_FILENO, "st_start: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  s->pid = pid;
+  s->out_fd = fds[0];
+  s->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  char line[512];
+  size_t len = 0;
+  double deadline = st_now() + (wrap && *wrap ? 60 : 10);
+  for (;;) {
+    int left = (int)((deadline - st_now()) * 1000);
+    struct pollfd p = {s->out_fd, POLLIN, 0};
+    if (left <= 0 || poll(&p, 1, left) <= 0)
+      break;
+    ssize_t r = read(s->out_fd, line + len, 1);
+    if (r <= 0)
+      break;
+    if (line[len] == '\n' || len + 2 >= sizeof line) {
+      line[len] = '\0';
+      if (strncmp(line, "listening ", 10) == 0) {
+        snprintf(s->url, sizeof s->url, "%.120s", line + 10);
+        return 0;
+      }
+      len = 0;
+      continue;
+    }
+    len++;
+  }
+  char *log = st_read_log(s);
+  fprintf(stderr, "st_start: berth serve did not report where it listens; its log:\n%s\n",
+          log ? log : "(none)");
+  free(log);
+  st_stop(s);
+  return -1;
+}
+
+int st_wait_exit(st_server *s, double seconds)
+{
+  if (s->pid <= 0)
+    return -1;
+  double deadline = st_now() + seconds;
+  for (;;) {
+    int st;
+    pid_t r = waitpid(s->pid, &st, WNOHANG);
+    if (r == s->pid) {
+      s->pid = -1;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    if (r < 0)
+      return -1;
+    double left = deadline - st_now();
+    if (left <= 0)
+      return -1;
+    if (s->pidfd >= 0) {        /* readable when the process exits */
+      struct pollfd p = {s->pidfd, POLLIN, 0};
+      poll(&p, 1, (int)(left * 1000) + 1);
+    } else {
+      struct timespec ts = {0, 10 * 1000000L};  /* a reaping poll, not synchronisation */
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+int st_stop(st_server *s)
+{
+  int status = -1;
+  if (s->pid > 0) {
+    kill(s->pid, SIGTERM);
+    status = st_wait_exit(s, 20);
+    if (status < 0 && s->pid > 0) {
+      kill(s->pid, SIGKILL);
+      waitpid(s->pid, NULL, 0);
+      s->pid = -1;
+    }
+  }
+  if (s->out_fd >= 0)
+    close(s->out_fd);
+  if (s->pidfd >= 0)
+    close(s->pidfd);
+  s->out_fd = s->pidfd = -1;
+  if (s->dir[0]) {
+    char path[192];
+    static const char *const files[] = {"tokens", "script.lua", "serve.log"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+      snprintf(path, sizeof path, "%s/%s", s->dir, files[i]);
+      unlink(path);
+    }
+    rmdir(s->dir);
+    s->dir[0] = '\0';
+  }
+  return status;
+}
+
+char *st_read_log(const st_server *s)
+{
+  FILE *f = fopen(s->log, "r");
+  if (!f)
+    return NULL;
+  char *buf = NULL;
+  size_t cap = 0, len = 0, n;
+  char chunk[4096];
+  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (len + n + 1 > cap) {
+      cap = (len + n + 1) * 2;
+      buf = realloc(buf, cap);
+    }
+    memcpy(buf + len, chunk, n);
+    len += n;
+  }
+  fclose(f);
+  if (buf)
+    buf[len] = '\0';
+  return buf;
+}
+
+/* {====================================================== requests */
+
+typedef struct sink {
+  char *buf;
+  size_t len, cap;
+} sink;
+
+static size_t on_body(char *p, size_t size, size_t n, void *ud)
+{
+  sink *k = ud;
+  size_t add = size * n;
+  if (k->len + add + 1 > k->cap) {
+    k->cap = (k->len + add + 1) * 2;
+    k->buf = realloc(k->buf, k->cap);
+  }
+  memcpy(k->buf + k->len, p, add);
+  k->len += add;
+  k->buf[k->len] = '\0';
+  return add;
+}
+
+static struct curl_slist *headers_for(const char *token, const char *type)
+{
+  struct curl_slist *h = NULL;
+  char line[256];
+  if (token) {
+    snprintf(line, sizeof line, "Authorization: Bearer %s", token);
+    h = curl_slist_append(h, line);
+  }
+  if (type) {
+    snprintf(line, sizeof line, "Content-Type: %s", type);
+    h = curl_slist_append(h, line);
+  }
+  h = curl_slist_append(h, "Expect:");
+  return h;
+}
+
+long st_call_type(const char *method, const char *url, const char *token, const char *body,
+                  const char *type, char **out)
+{
+  CURL *e = curl_easy_init();
+  sink k = {NULL, 0, 0};
+  struct curl_slist *h = headers_for(token, body ? type : NULL);
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &k);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if (body) {
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+  }
+  long status = 0;
+  if (curl_easy_perform(e) == CURLE_OK)
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(e);
+  curl_slist_free_all(h);
+  if (out)
+    *out = k.buf ? k.buf : strdup("");
+  else
+    free(k.buf);
+  return status;
+}
+
+long st_call(const char *method, const char *url, const char *token, const char *body,
+             char **out)
+{
+  return st_call_type(method, url, token, body, "application/json", out);
+}
+
+long st_call_json(const char *method, const char *url, const char *token, const char *body,
+                  json_t **json)
+{
+  char *text = NULL;
+  long status = st_call(method, url, token, body, &text);
+  *json = json_loads(text, JSON_DECODE_ANY, NULL);
+  free(text);
+  return status;
+}
+
+/* }====================================================== */
+
+/* {====================================================== event streams */
+
+static void add_event(json_t *out, const char *event, const char *data, size_t len)
+{
+  json_t *v = json_loadb(data, len, JSON_DECODE_ANY, NULL);
+  if (!v)
+    v = json_stringn(data, len);
+  json_array_append_new(out, json_pack("{s:s, s:o}", "event", event[0] ? event : "message",
+                                       "data", v ? v : json_null()));
+}
+
+json_t *st_sse_parse(const char *text, size_t len)
+{
+  json_t *out = json_array();
+  char event[64] = "";
+  char *data = NULL;
+  size_t dlen = 0;
+  bool have = false;
+  size_t i = 0;
+  while (i < len) {
+    size_t e = i;
+    while (e < len && text[e] != '\n' && text[e] != '\r')
+      e++;
+    if (e == len)
+      break;                    /* an unfinished line: not an event yet */
+    const char *line = text + i;
+    size_t n = e - i;
+    i = e + 1;
+    if (text[e] == '\r' && i < len && text[i] == '\n')
+      i++;
+    if (n == 0) {
+      if (have)
+        add_event(out, event, data ? data : "", dlen);
+      event[0] = '\0';
+      dlen = 0;
+      have = false;
+      continue;
+    }
+    if (line[0] == ':')
+      continue;
+    const char *colon = memchr(line, ':', n);
+    size_t fl = colon ? (size_t)(colon - line) : n;
+    const char *v = colon ? colon + 1 : line + n;
+    size_t vl = colon ? n - fl - 1 : 0;
+    if (vl && *v == ' ') {
+      v++;
+      vl--;
+    }
+    if (fl == 5 && !memcmp(line, "event", 5))
+      snprintf(event, sizeof event, "%.*s", (int)vl, v);
+    else if (fl == 4 && !memcmp(line, "data", 4)) {
+      data = realloc(data, dlen + vl + 2);
+      if (have)
+        data[dlen++] = '\n';
+      memcpy(data + dlen, v, vl);
+      dlen += vl;
+      have = true;
+    }
+  }
+  free(data);
+  return out;
+}
+
+static size_t on_stream(char *p, size_t size, size_t n, void *ud)
+{
+  st_stream *st = ud;
+  size_t add = size * n;
+  if (st->len + add + 1 > st->cap) {
+    st->cap = (st->len + add + 1) * 2;
+    st->buf = realloc(st->buf, st->cap);
+  }
+  memcpy(st->buf + st->len, p, add);
+  st->len += add;
+  st->buf[st->len] = '\0';
+  return add;
+}
+
+void st_stream_start(st_stream *st, CURLM *multi, const char *url, const char *token,
+                     const char *body)
+{
+  void *ud = st->ud;
+  memset(st, 0, sizeof *st);
+  st->ud = ud;
+  st->easy = curl_easy_init();
+  st->headers = headers_for(token, "application/json");
+  curl_easy_setopt(st->easy, CURLOPT_URL, url);
+  curl_easy_setopt(st->easy, CURLOPT_HTTPHEADER, st->headers);
+  curl_easy_setopt(st->easy, CURLOPT_COPYPOSTFIELDS, body);
+  curl_easy_setopt(st->easy, CURLOPT_WRITEFUNCTION, on_stream);
+  curl_easy_setopt(st->easy, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->easy, CURLOPT_PRIVATE, st);
+  curl_easy_setopt(st->easy, CURLOPT_TIMEOUT, 120L);
+  curl_easy_setopt(st->easy, CURLOPT_NOSIGNAL, 1L);
+  st->started = st_now();
+  curl_multi_add_handle(multi, st->easy);
+}
+
+bool st_pump(CURLM *multi, bool (*pred)(void *ud), void *ud, double seconds)
+{
+  double deadline = st_now() + seconds;
+  for (;;) {
+    int running = 0;
+    curl_multi_perform(multi, &running);
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(multi, &left))) {
+      if (m->msg != CURLMSG_DONE)
+        continue;
+      st_stream *st = NULL;
+      curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&st);
+      CURL *easy = m->easy_handle;
+      CURLcode rc = m->data.result;
+      curl_multi_remove_handle(multi, easy);
+      if (st) {
+        st->done = true;
+        st->result = rc;
+        st->ended = st_now();
+        curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &st->status);
+      }
+    }
+    if (pred(ud))
+      return true;
+    double rest = deadline - st_now();
+    if (rest <= 0)
+      return false;
+    /* transfers pred just added get their sockets first, so the poll sees them */
+    curl_multi_perform(multi, &running);
+    /* waits for socket activity (or curl's own timeout), at most 50 ms */
+    curl_multi_poll(multi, NULL, 0, rest < 0.05 ? (int)(rest * 1000) + 1 : 50, NULL);
+  }
+}
+
+void st_stream_free(st_stream *st, CURLM *multi)
+{
+  if (st->easy) {
+    if (!st->done)
+      curl_multi_remove_handle(multi, st->easy);
+    curl_easy_cleanup(st->easy);
+  }
+  curl_slist_free_all(st->headers);
+  free(st->buf);
+  st->easy = NULL;
+  st->headers = NULL;
+  st->buf = NULL;
+}
+
+json_t *st_stream_events(const st_stream *st)
+{
+  return st_sse_parse(st->buf ? st->buf : "", st->len);
+}
+
+/* }====================================================== */

@@ -1,0 +1,501 @@
+/*
+ * test_host.c — the berth host without a daemon: hooks contained (instruction budget
+ * that pcall cannot beat, memory cap, errors in every hook, the restricted
+ * environment), host yields through user coroutines, natives that wait, model.chat
+ * with the scripted model, the idle suspend, and SIGHUP reload.  Every hook failure
+ * must leave the host running: each test sends another message afterwards and sees
+ * it answered.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <ev.h>
+
+#include "hosttest.h"
+#include "runtime.h"
+
+#define WAIT 10.0                /* seconds: a bound, never a sleep */
+
+/* Hooks whose onTurn runs the message as Lua code and says what it returned. */
+static const char eval_hooks[] =
+  "local M = {}\n"
+  "function M.onTurn(ctx, message)\n"
+  "  local f = assert(load(message, 'message', 't'))\n"
+  "  ctx:say(tostring(f(ctx)))\n"
+  "end\n"
+  "return M\n";
+
+static void small_budget(berth_options *o)
+{
+  o->instruction_budget = 2000000;
+  o->memory_limit = 32u << 20;
+}
+
+static ht *start_eval(void (*tweak)(berth_options *o))
+{
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t, "hooks.lua", eval_hooks));
+  ht_host(t, hooks, NULL, NULL, tweak);
+  t->conv = berth_conv_new(t->host, "run-1", NULL);
+  return t;
+}
+
+static void stop(ht *t)
+{
+  ht_free(t);
+  free(t);
+}
+
+/* Sends `code` and waits for its turn to end; returns what the turn said, or the
+ * error message when it failed ("error: ..."). */
+static const char *turn(ht *t, const char *code)
+{
+  int ends = ht_count(t, "turnEnd");
+  int says = ht_count(t, "assistant");
+  int errs = ht_count(t, "error");
+  assert_int_equal(berth_conv_send(t->conv, code), 0);
+  assert_true(ht_wait_events(t, "turnEnd", ends + 1, WAIT));
+  if (ht_count(t, "error") > errs) {
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "error: %s",
+             json_string_value(json_object_get(ht_event(t, "error", errs), "message")));
+    return buf;
+  }
+  if (ht_count(t, "assistant") > says)
+    return json_string_value(ht_event(t, "assistant", says));
+  return "";
+}
+
+static void assert_contains(const char *s, const char *part)
+{
+  if (!strstr(s, part))
+    fail_msg("\"%s\" does not contain \"%s\"", s, part);
+}
+
+/* {====================================================== containment */
+
+static void test_infinite_loop_is_stopped(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  assert_contains(turn(t, "while true do end"), "exceeded its instruction budget");
+  assert_int_equal(berth_host_errors(t->host), 1);
+  assert_string_equal(turn(t, "return 1 + 1"), "2");   /* the host goes on */
+  stop(t);
+}
+
+static void test_pcall_loop_cannot_swallow_the_budget(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  assert_contains(turn(t, "local n = 0\n"
+                          "while true do pcall(function() while true do n = n + 1 end end) end"),
+                  "instruction budget");
+  assert_contains(turn(t, "while true do pcall(error, 'x') end"), "instruction budget");
+  /* xpcall with a handler that loops is no way out either (Lua runs the handler of
+   * an error raised in a hook with hooks off) */
+  assert_contains(turn(t, "while true do xpcall(function() while true do end end, "
+                          "function() while true do end end) end"),
+                  "instruction budget");
+  /* an ordinary handler still works */
+  assert_string_equal(turn(t, "local ok, e = xpcall(error, function(m) return 'handled ' .. m end, 'x')\n"
+                              "return tostring(ok) .. ' ' .. e"),
+                      "false handled x");
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+static void test_budget_counts_user_coroutines(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  assert_contains(turn(t, "local co = coroutine.wrap(function() while true do end end)\n"
+                          "co()"),
+                  "instruction budget");
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+static void test_memory_bomb_is_stopped(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  assert_contains(turn(t, "local t = {}\n"
+                          "for i = 1, 1e9 do t[i] = string.rep('x', 1 << 20) .. i end"),
+                  "not enough memory");
+  assert_contains(turn(t, "return string.rep('x', 1 << 30)"), "not enough memory");
+  /* the garbage is gone and the next turn has room again */
+  assert_string_equal(turn(t, "local s = string.rep('y', 1 << 20) return #s"), "1048576");
+  stop(t);
+}
+
+static void test_error_in_each_hook(void **state)
+{
+  (void)state;
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t, "hooks.lua",
+    "local M = {}\n"
+    "function M.onTurnStart(ctx) if ctx.failStart then error('start broke') end end\n"
+    "function M.onTurn(ctx, m)\n"
+    "  if m == 'break start' then ctx.failStart = true return end\n"
+    "  if m == 'fail' then error({}) end\n"
+    "  if m == 'nil index' then local x = nil; return x.y end\n"
+    "  ctx.failStart = false\n"
+    "  ctx:say('ok ' .. m)\n"
+    "end\n"
+    "function M.onSuspend(ctx) error('suspend broke') end\n"
+    "function M.onComplete(ctx) error('complete broke') end\n"
+    "return M\n"));
+  ht_host(t, hooks, NULL, NULL, NULL);
+  t->conv = berth_conv_new(t->host, "run-e", NULL);
+
+  assert_contains(turn(t, "fail"), "error object is a table value");
+  assert_contains(turn(t, "nil index"), "attempt to index a nil value");
+  const json_t *e = ht_event(t, "error", 1);
+  assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurn");
+  assert_string_equal(turn(t, "after"), "ok after");
+
+  turn(t, "break start");
+  assert_contains(turn(t, "skipped"), "start broke");        /* onTurn did not run */
+  e = ht_event(t, "error", 2);
+  assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurnStart");
+  assert_int_equal(ht_count(t, "assistant"), 1);
+
+  berth_conv_suspend(t->conv);
+  assert_true(ht_wait_events(t, "suspend", 1, WAIT));
+  assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 3), "hook")),
+                      "onSuspend");
+  assert_true(ht_complete(t, WAIT));
+  assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 4), "hook")),
+                      "onComplete");
+  assert_int_equal(t->completed, 1);
+  assert_int_equal(berth_host_errors(t->host), 5);
+  stop(t);
+}
+
+static void test_restricted_environment(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  ht_file(t, "data.txt", "readable\n");
+  assert_string_equal(turn(t, "return tostring(os.execute) .. tostring(io.popen) .. "
+                              "tostring(os.exit) .. tostring(os.remove) .. tostring(package) "
+                              ".. tostring(debug.sethook) .. tostring(string.dump)"),
+                      "nilnilnilnilnilnilnil");
+  assert_contains(turn(t, "return io.open('x.txt', 'w')"), "for reading only");
+  assert_contains(turn(t, "return io.open('/etc/passwd')"), "outside the scripts directory");
+  assert_contains(turn(t, "return io.open('../../etc/passwd')"), "outside the scripts directory");
+  assert_string_equal(turn(t, "return io.open('data.txt'):read('l')"), "readable");
+  assert_string_equal(turn(t, "return select(2, io.open('missing.txt')) ~= nil"), "true");
+  assert_contains(turn(t, "return dofile('/etc/hostname')"), "outside the scripts directory");
+  assert_contains(turn(t, "return loadfile('/etc/hostname')"), "outside the scripts directory");
+  assert_contains(turn(t, "return load('\\27Lua', 'x', 'b')"), "binary chunks");
+  assert_string_equal(turn(t, "local f, e = load(string.char(27) .. 'Lua') return e"),
+                      "attempt to load a binary chunk (mode is 't')");
+  assert_contains(turn(t, "return setmetatable({}, {__gc = function() while true do end end})"),
+                  "__gc metamethods are not allowed");
+  assert_contains(turn(t, "local x <close> = setmetatable({}, {__close = function() end})"),
+                  "__close metamethods are not allowed");
+  assert_contains(turn(t, "return collectgarbage('stop')"), "invalid option");
+  setenv("PLIMSOLL_TOKEN", "secret", 1);
+  assert_string_equal(turn(t, "return tostring(os.getenv('PLIMSOLL_TOKEN')) .. "
+                              "tostring(os.getenv('HOME') ~= nil)"),
+                      "niltrue");
+  unsetenv("PLIMSOLL_TOKEN");
+  /* what hooks may use */
+  assert_string_equal(turn(t, "return json.encode(json.decode('[1,{}]'))"), "[1,{}]");
+  assert_string_equal(turn(t, "return type(now()) .. type(log) .. type(sandbox.executeCode)"),
+                      "numbertablefunction");
+  stop(t);
+}
+
+static void test_waiting_at_load_time_is_refused(void **state)
+{
+  (void)state;
+  ht t;
+  ht_init(&t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(&t, "hooks.lua", "sleep(0)\nreturn {}\n"));
+  char *err = ht_host_try(&t, hooks, NULL, NULL, NULL);
+  assert_non_null(err);
+  assert_non_null(strstr(err, "cannot wait here"));
+  free(err);
+  ht_free(&t);
+}
+
+static void test_yield_at_hook_top_is_an_error(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  assert_contains(turn(t, "coroutine.yield(1)"), "yielded to the host without waiting");
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+/* }====================================================== */
+
+/* {====================================================== yields */
+
+static void test_sleep_yields_to_the_loop(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  assert_string_equal(turn(t, "local t0 = now() sleep(0.05) return now() - t0 >= 0.04"), "true");
+  assert_contains(turn(t, "sleep(-1)"), "seconds must be a number >= 0");
+  stop(t);
+}
+
+static void test_host_yields_pass_through_user_coroutines(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  /* a native waiting inside coroutine.wrap: the wait goes to the host, not to co() */
+  assert_string_equal(turn(t, "local co = coroutine.wrap(function() sleep(0.01) return 'slept' end)\n"
+                              "return co()"),
+                      "slept");
+  /* a generator that waits between its own yields */
+  assert_string_equal(turn(t, "local gen = coroutine.wrap(function()\n"
+                              "  for i = 1, 3 do sleep(0) coroutine.yield(i) end\n"
+                              "end)\n"
+                              "return gen() .. gen() .. gen()"),
+                      "123");
+  /* two levels deep, with coroutine.resume and pcall in between */
+  assert_string_equal(turn(t, "local outer = coroutine.create(function()\n"
+                              "  local inner = coroutine.wrap(function()\n"
+                              "    local ok = pcall(sleep, 0.01)\n"
+                              "    coroutine.yield('a')\n"
+                              "    sleep(0)\n"
+                              "    return 'b'\n"
+                              "  end)\n"
+                              "  local x = inner() sleep(0) local y = inner()\n"
+                              "  coroutine.yield(x .. y)\n"
+                              "  return 'c'\n"
+                              "end)\n"
+                              "local _, r1 = coroutine.resume(outer)\n"
+                              "local _, r2 = coroutine.resume(outer)\n"
+                              "return r1 .. r2 .. coroutine.status(outer)"),
+                      "abcdead");
+  /* an error after a wait inside a wrapped coroutine propagates with its message */
+  assert_contains(turn(t, "local co = coroutine.wrap(function() sleep(0) error('inner boom') end)\n"
+                          "local ok, e = pcall(co) return e"),
+                  "inner boom");
+  /* waiting inside a metamethod called from C is refused clearly, not hung */
+  assert_contains(turn(t, "local t = setmetatable({}, {__index = function() sleep(0) end})\n"
+                          "table.sort({3, 2, 1}, function(a, b) sleep(0) return a < b end)"),
+                  "C-call boundary");
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+static void test_waiting_coroutine_resumed_from_another_hook(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  berth_conv *other = berth_conv_new(t->host, "run-2", NULL);
+  /* conversation 1 waits inside a coroutine it leaves in a global */
+  assert_int_equal(berth_conv_send(t->conv, "_G.co = coroutine.create(function() sleep(0.3) return 'late' end)\n"
+                                            "local ok, v = coroutine.resume(_G.co) return v"), 0);
+  assert_true(ht_wait_events(t, "user", 1, WAIT));
+  ev_run(t->loop, EVRUN_NOWAIT);
+  /* conversation 2 resumes it: refused inside that coroutine, nothing crashes */
+  int says = ht_count(t, "assistant");
+  berth_conv_send(other, "return select(2, coroutine.resume(_G.co))");
+  assert_true(ht_wait_events(t, "assistant", says + 1, WAIT));
+  assert_contains(json_string_value(ht_event(t, "assistant", says)),
+                  "a coroutine waiting for the host was resumed by Lua code");
+  /* conversation 1's wait ends; its coroutine is dead by then, which it is told */
+  assert_true(ht_wait_events(t, "assistant", says + 2, WAIT));
+  assert_contains(json_string_value(ht_event(t, "assistant", says + 1)), "dead coroutine");
+  berth_conv_free(other);
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+static void test_conversation_freed_while_waiting(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  assert_int_equal(berth_conv_send(t->conv, "sleep(30)"), 0);
+  /* the turn is waiting on its timer once the user event is out and a loop turn ran */
+  assert_true(ht_wait_events(t, "user", 1, WAIT));
+  ev_run(t->loop, EVRUN_NOWAIT);
+  assert_true(berth_conv_busy(t->conv));
+  berth_conv_free(t->conv);     /* the task and its timer go; nothing dangles */
+  t->conv = NULL;
+  ev_run(t->loop, EVRUN_NOWAIT);
+  stop(t);
+}
+
+/* }====================================================== */
+
+/* {====================================================== natives */
+
+static void test_execute_code_without_daemon_or_conversation(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  /* no daemon configured: "Nothing ran (environment)", code "environment" */
+  assert_string_equal(turn(t, "local ctx = ...\nsandbox.warm(ctx.runId)\n"
+                              "local r, msg, code = sandbox.executeCode{code = '1'}\n"
+                              "return tostring(r) .. '|' .. code .. '|' .. msg"),
+                      "nil|environment|Nothing ran (environment): no plimsoll daemon is "
+                      "configured (give --daemon URL, or set PLIMSOLL_URL)");
+  /* no run id warmed in this conversation (H04) */
+  ht *u = start_eval(NULL);
+  assert_contains(turn(u, "local r, msg, code = sandbox.executeCode{code = '1'}\n"
+                          "return code .. '|' .. msg"),
+                  "environment|Nothing ran (environment): this turn's sandbox was never warmed");
+  /* misuse raises */
+  assert_contains(turn(u, "sandbox.executeCode{code = 42}"), "field 'code' must be a string");
+  assert_contains(turn(u, "sandbox.executeCode('x')"), "table expected");
+  stop(u);
+  stop(t);
+}
+
+static const char chat_script[] =
+  "return { turns = {\n"
+  "  { user = 'hello', replies = { { say = 'hi there' } } },\n"
+  "} }\n";
+
+static void test_model_chat_with_deltas(void **state)
+{
+  (void)state;
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  ht_model(t, chat_script, "echo");
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t, "hooks.lua",
+    "return { onTurn = function(ctx, m)\n"
+    "  local parts = {}\n"
+    "  local reply, err = model.chat{messages = {{role = 'user', content = m}},\n"
+    "                                on_delta = function(d) sleep(0) parts[#parts + 1] = d end}\n"
+    "  assert(reply, err)\n"
+    "  ctx:say(reply.role .. ':' .. reply.content .. ':' .. table.concat(parts))\n"
+    "end }\n"));
+  ht_host(t, hooks, NULL, NULL, NULL);
+  t->conv = berth_conv_new(t->host, "run-m", NULL);
+  assert_string_equal(turn(t, "hello"), "assistant:hi there:hi there");
+  stop(t);
+}
+
+static void short_idle(berth_options *o) { o->idle_timeout = 0.2; }
+
+static void test_idle_timeout_suspends(void **state)
+{
+  (void)state;
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t, "hooks.lua",
+    "return { onTurn = function(ctx, m) ctx:say(m) end,\n"
+    "         onSuspend = function(ctx) ctx:emit('suspended-hook', ctx.runId) end }\n"));
+  ht_host(t, hooks, NULL, NULL, short_idle);
+  t->conv = berth_conv_new(t->host, "run-i", NULL);
+  assert_string_equal(turn(t, "one"), "one");
+  assert_int_equal(ht_count(t, "suspend"), 0);
+  assert_true(ht_wait_events(t, "suspend", 1, WAIT));
+  assert_string_equal(json_string_value(ht_event(t, "suspended-hook", 0)), "run-i");
+  assert_true(berth_conv_suspended(t->conv));
+  /* the next message resumes */
+  assert_string_equal(turn(t, "two"), "two");
+  assert_int_equal(ht_count(t, "resume"), 1);
+  assert_false(berth_conv_suspended(t->conv));
+  stop(t);
+}
+
+/* }====================================================== */
+
+/* {====================================================== reload */
+
+static void test_sighup_reload_keeps_old_hooks_on_error(void **state)
+{
+  (void)state;
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s",
+           ht_file(t, "hooks.lua", "return { onTurn = function(ctx) ctx:say('v1') end }\n"));
+  ht_host(t, hooks, NULL, NULL, NULL);
+  t->conv = berth_conv_new(t->host, "run-r", NULL);
+  assert_string_equal(turn(t, "x"), "v1");
+
+  ht_file(t, "hooks.lua", "return { onTurn = function(ctx) ctx:say('v2') end \n");  /* syntax error */
+  assert_int_equal(berth_host_reload(t->host), -1);
+  assert_string_equal(turn(t, "x"), "v1");
+
+  ht_file(t, "hooks.lua", "return { onTurn = function(ctx) ctx:say(require('helper')) end }\n");
+  ht_file(t, "helper.lua", "return 'v3 from a module'\n");
+  assert_int_equal(berth_host_reload(t->host), 0);
+  assert_string_equal(turn(t, "x"), "v3 from a module");
+
+  /* modules of the scripts directory are read again on reload */
+  ht_file(t, "helper.lua", "return 'v4'\n");
+  assert_int_equal(berth_host_reload(t->host), 0);
+  assert_string_equal(turn(t, "x"), "v4");
+  stop(t);
+}
+
+static void sighup_on(berth_options *o) { o->handle_sighup = true; }
+
+static void test_sighup_signal(void **state)
+{
+  (void)state;
+  ht *t = calloc(1, sizeof *t);
+  ht_init(t);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s",
+           ht_file(t, "hooks.lua", "return { onTurn = function(ctx) ctx:say('v1') end }\n"));
+  /* SIGHUP is delivered to the default loop's signal watcher */
+  ev_loop_destroy(t->loop);
+  t->loop = ev_default_loop(0);
+  ht_host(t, hooks, NULL, NULL, sighup_on);
+  t->conv = berth_conv_new(t->host, "run-s", NULL);
+  assert_string_equal(turn(t, "x"), "v1");
+  ht_file(t, "hooks.lua", "return { onTurn = function(ctx) ctx:say('v2') end }\n");
+  raise(SIGHUP);
+  /* observable: the next turn says v2 (bounded wait for the signal to be handled) */
+  bool reloaded = false;
+  for (int i = 0; i < 50 && !reloaded; i++) {
+    ev_run(t->loop, EVRUN_NOWAIT);
+    reloaded = strcmp(turn(t, "x"), "v2") == 0;
+  }
+  assert_true(reloaded);
+  stop(t);
+}
+
+/* }====================================================== */
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_infinite_loop_is_stopped),
+    cmocka_unit_test(test_pcall_loop_cannot_swallow_the_budget),
+    cmocka_unit_test(test_budget_counts_user_coroutines),
+    cmocka_unit_test(test_memory_bomb_is_stopped),
+    cmocka_unit_test(test_error_in_each_hook),
+    cmocka_unit_test(test_restricted_environment),
+    cmocka_unit_test(test_waiting_at_load_time_is_refused),
+    cmocka_unit_test(test_yield_at_hook_top_is_an_error),
+    cmocka_unit_test(test_sleep_yields_to_the_loop),
+    cmocka_unit_test(test_host_yields_pass_through_user_coroutines),
+    cmocka_unit_test(test_waiting_coroutine_resumed_from_another_hook),
+    cmocka_unit_test(test_conversation_freed_while_waiting),
+    cmocka_unit_test(test_execute_code_without_daemon_or_conversation),
+    cmocka_unit_test(test_model_chat_with_deltas),
+    cmocka_unit_test(test_idle_timeout_suspends),
+    cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),
+    cmocka_unit_test(test_sighup_signal),
+  };
+  return cmocka_run_group_tests_name("host", tests, NULL, NULL);
+}

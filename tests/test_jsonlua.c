@@ -1,0 +1,202 @@
+/*
+ * test_jsonlua.c — the jansson <-> Lua bridge (runtime/jsonlua.c) and the `json`
+ * module built on it: integers exact, [] kept apart from {}, nesting, 64-bit and
+ * too-big integers, NUL bytes and ill-formed UTF-8, errors that name their path and
+ * leak nothing (run under valgrind).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "jsonlua.h"
+
+static lua_State *L;
+
+static int setup(void **state)
+{
+  (void)state;
+  L = luaL_newstate();
+  luaL_openlibs(L);
+  luaL_requiref(L, "json", luaopen_berth_json, 1);
+  lua_pop(L, 1);
+  return 0;
+}
+
+static int teardown(void **state)
+{
+  (void)state;
+  lua_close(L);
+  return 0;
+}
+
+/* Runs Lua code that asserts; fails the test with Lua's message. */
+static void lua_ok(const char *code)
+{
+  if (luaL_dostring(L, code) != LUA_OK) {
+    print_error("%s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    fail();
+  }
+}
+
+/* Decodes text through C (json_loads + berth_json_push) and encodes back through C. */
+static char *roundtrip_c(const char *text)
+{
+  json_t *v = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+  assert_non_null(v);
+  berth_json_push(L, v);
+  json_decref(v);
+  json_t *back = berth_json_check(L, -1);
+  lua_pop(L, 1);
+  char *s = json_dumps(back, JSON_ENCODE_ANY | JSON_COMPACT);
+  json_decref(back);
+  return s;
+}
+
+static void test_integers_stay_integers(void **state)
+{
+  (void)state;
+  json_t *v = json_loads("[1, 9007199254740993, -9223372036854775808, 9223372036854775807, "
+                         "1.0, 1.5]", 0, NULL);
+  berth_json_push(L, v);
+  json_decref(v);
+  lua_rawgeti(L, -1, 1);
+  assert_true(lua_isinteger(L, -1));
+  assert_int_equal(lua_tointeger(L, -1), 1);
+  lua_rawgeti(L, -2, 2);
+  assert_true(lua_isinteger(L, -1));
+  assert_true(lua_tointeger(L, -1) == 9007199254740993LL);
+  lua_rawgeti(L, -3, 3);
+  assert_true(lua_tointeger(L, -1) == INT64_MIN);
+  lua_rawgeti(L, -4, 4);
+  assert_true(lua_tointeger(L, -1) == INT64_MAX);
+  lua_rawgeti(L, -5, 5);
+  assert_false(lua_isinteger(L, -1));   /* 1.0 is a real */
+  lua_pop(L, 6);
+  char *s = roundtrip_c("[1,9007199254740993,-9223372036854775808,9223372036854775807,1.0,1.5]");
+  assert_string_equal(s, "[1,9007199254740993,-9223372036854775808,9223372036854775807,1.0,1.5]");
+  free(s);
+  lua_ok("assert(json.encode(json.decode('[1]')) == '[1]')\n"
+         "assert(math.type(json.decode('[7]')[1]) == 'integer')\n"
+         "assert(json.encode({big = 9007199254740993}) == '{\"big\":9007199254740993}')\n"
+         "assert(json.encode(1.0) == '1.0' and json.encode(3) == '3')\n"
+         "assert(json.decode('1234567890123456789') == 1234567890123456789)\n");
+}
+
+static void test_big_integers_refused(void **state)
+{
+  (void)state;
+  lua_ok("local v, err = json.decode('[18446744073709551616]')\n"
+         "assert(v == nil and err:find('too big'), err)\n");
+}
+
+static void test_empty_array_vs_object(void **state)
+{
+  (void)state;
+  char *s = roundtrip_c("{\"a\":[],\"b\":{},\"c\":[[],{}]}");
+  assert_string_equal(s, "{\"a\":[],\"b\":{},\"c\":[[],{}]}");
+  free(s);
+  lua_ok("assert(json.encode(json.decode('[]')) == '[]')\n"
+         "assert(json.encode(json.decode('{}')) == '{}')\n"
+         "assert(json.encode({}) == '{}')\n"
+         "assert(json.encode(json.array{}) == '[]')\n"
+         "assert(json.encode(json.object{}) == '{}')\n"
+         "assert(json.isArray(json.decode('[]')) and not json.isArray(json.decode('{}')))\n"
+         "assert(json.encode({1, 2, 3}) == '[1,2,3]')\n");
+}
+
+static void test_nested_and_nulls(void **state)
+{
+  (void)state;
+  char *s = roundtrip_c("{\"m\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]}],"
+                        "\"n\":[1,null,3]}");
+  /* a null member is left out; a null element keeps its place */
+  assert_string_equal(s, "{\"m\":[{\"content\":\"hi\",\"role\":\"user\"},"
+                         "{\"role\":\"assistant\",\"tool_calls\":[]}],\"n\":[1,null,3]}");
+  free(s);
+  lua_ok("local v = json.decode('{\"a\":null,\"b\":[null]}')\n"
+         "assert(v.a == nil and v.b[1] == json.null and #v.b == 1)\n"
+         "assert(json.encode({a = {b = {c = {1, {d = 'x'}}}}}) == "
+         "'{\"a\":{\"b\":{\"c\":[1,{\"d\":\"x\"}]}}}')\n");
+}
+
+static void test_nul_bytes_and_utf8(void **state)
+{
+  (void)state;
+  lua_ok("local s = json.decode('\"a\\\\u0000b\"')\n"
+         "assert(#s == 3 and s:byte(2) == 0)\n"
+         "assert(json.encode('a\\0b') == '\"a\\\\u0000b\"')\n"
+         "assert(json.encode({['k\\0ey'] = 1}) == '{\"k\\\\u0000ey\":1}')\n"
+         /* ill-formed UTF-8 becomes U+FFFD, so the text stays valid JSON */
+         "assert(json.encode('a\\xffb') == '\"a\\u{FFFD}b\"')\n"
+         "assert(json.encode('\\xed\\xa0\\x80') == '\"\\u{FFFD}\\u{FFFD}\\u{FFFD}\"')\n"
+         "assert(json.encode('h\\u{e9}') == '\"h\\u{e9}\"')\n");
+}
+
+static void test_errors_name_the_path(void **state)
+{
+  (void)state;
+  lua_ok("local ok, err = pcall(json.encode, {messages = {{content = print}}})\n"
+         "assert(not ok and err:find('$.messages[1].content', 1, true), err)\n"
+         "ok, err = pcall(json.encode, {[1] = 1, [3] = 3})\n"
+         "assert(not ok and err:find('sparse'), err)\n"
+         "ok, err = pcall(json.encode, {1, x = 2})\n"
+         "assert(not ok and err:find('mixed'), err)\n"
+         "local t = {} t.self = t\n"
+         "ok, err = pcall(json.encode, t)\n"
+         "assert(not ok and err:find('contains itself'), err)\n"
+         "ok, err = pcall(json.encode, {x = 0/0})\n"
+         "assert(not ok and err:find('NaN'), err)\n"
+         "ok, err = pcall(json.encode, {x = math.huge})\n"
+         "assert(not ok and err:find('infinit'), err)\n"
+         "local v, msg = json.decode('{\"a\":')\n"
+         "assert(v == nil and msg:find('invalid JSON'), msg)\n");
+}
+
+static void test_key_order(void **state)
+{
+  (void)state;
+  lua_ok("assert(json.encode({b = 1, a = 2, c = 3}) == '{\"a\":2,\"b\":1,\"c\":3}')\n"
+         "local t = setmetatable({z = 1, a = 2, m = 3}, {__jsonorder = {'z', 'm'}})\n"
+         "assert(json.encode(t) == '{\"z\":1,\"m\":3,\"a\":2}')\n");
+}
+
+static void test_deep_nesting_refused(void **state)
+{
+  (void)state;
+  lua_ok("local t = {} local c = t for i = 1, 600 do c[1] = {} c = c[1] end\n"
+         "local ok, err = pcall(json.encode, t)\n"
+         "assert(not ok and err:find('nested too deeply'), err)\n");
+}
+
+static void test_floats_round_trip_exactly(void **state)
+{
+  (void)state;
+  lua_ok("for _, x in ipairs{0.1, 1/3, 1e300, -2.5e-300, 123456.789} do\n"
+         "  assert(json.decode(json.encode(x)) == x, x)\n"
+         "end\n");
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_integers_stay_integers),
+    cmocka_unit_test(test_big_integers_refused),
+    cmocka_unit_test(test_empty_array_vs_object),
+    cmocka_unit_test(test_nested_and_nulls),
+    cmocka_unit_test(test_nul_bytes_and_utf8),
+    cmocka_unit_test(test_errors_name_the_path),
+    cmocka_unit_test(test_key_order),
+    cmocka_unit_test(test_deep_nesting_refused),
+    cmocka_unit_test(test_floats_round_trip_exactly),
+  };
+  return cmocka_run_group_tests_name("jsonlua", tests, setup, teardown);
+}

@@ -1,0 +1,777 @@
+/*
+ * test_serve.c — `berth serve` end to end: the real binary, a real sandboxd (provider
+ * echo: a cell answers "<language> <n>: <code>") behind tests/faultproxy.py (whose
+ * counters say what the daemon really received), and HTTP from libcurl.
+ *
+ * The model is scripted with `template = true`: each turn runs one cell whose code is
+ * the user's message, then says "ran: <message>"; so a message picks its own cell
+ * (plimsoll-echo:sleep:MS holds a turn for MS ms).
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "fault.h"
+#include "sbxproc.h"
+#include "servetest.h"
+
+#define WAIT 20.0                /* seconds: a bound on each wait, never a sleep */
+
+static const char script[] =
+  "return { template = true, loop = true, turns = {\n"
+  "  { user = '*', replies = {\n"
+  "    { call = { code = '{{user}}' } },\n"
+  "    { say = 'ran: {{user}}' } } } } }\n";
+
+static sbx_proc sbxd;
+static fault_proxy proxy;
+
+static int group_setup(void **state)
+{
+  (void)state;
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (sbx_start(&sbxd, NULL) != 0)
+    return -1;
+  return fault_start(&proxy, sbxd.url);
+}
+
+static int group_teardown(void **state)
+{
+  (void)state;
+  fault_stop(&proxy);
+  sbx_stop(&sbxd);
+  curl_global_cleanup();
+  return 0;
+}
+
+/* A server on the proxied daemon with extra options (NULL-terminated). */
+static st_server *serve(const char *const *more)
+{
+  const char *args[32] = {"--daemon", proxy.url, "--token-file-daemon", sbxd.token_file};
+  int n = 4;
+  for (int i = 0; more && more[i]; i++)
+    args[n++] = more[i];
+  args[n] = NULL;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args), 0);
+  return s;
+}
+
+static void stop(st_server *s, int want_status)
+{
+  int status = st_stop(s);
+  if (status != want_status) {
+    char *log = st_read_log(s);
+    fprintf(stderr, "serve log:\n%s\n", log ? log : "");
+    free(log);
+  }
+  assert_int_equal(status, want_status);
+  free(s);
+}
+
+static char *url(const st_server *s, const char *fmt, ...)
+{
+  static char buf[4][256];
+  static int k;
+  char *b = buf[k++ % 4];
+  int n = snprintf(b, 256, "%s", s->url);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b + n, (size_t)(256 - n), fmt, ap);
+  va_end(ap);
+  return b;
+}
+
+/* POST /v1/conversations → the new id (copied into id). */
+static void create(st_server *s, int caller, const char *body, char id[40])
+{
+  json_t *j = NULL;
+  long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[caller], body, &j);
+  assert_int_equal(status, 201);
+  const char *v = json_string_value(json_object_get(j, "id"));
+  assert_non_null(v);
+  assert_int_equal(strlen(v), 32);
+  snprintf(id, 40, "%s", v);
+  json_decref(j);
+}
+
+/* One turn: POST …/messages, read the whole event stream. */
+static json_t *turn(st_server *s, int caller, const char *id, const char *message,
+                    long *status)
+{
+  json_t *body = json_pack("{s:s}", "content", message);
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  char *out = NULL;
+  *status = st_call("POST", url(s, "/v1/conversations/%s/messages", id), s->token[caller],
+                    text, &out);
+  free(text);
+  json_t *events = *status == 200 ? st_sse_parse(out, strlen(out)) : json_loads(out, 0, NULL);
+  free(out);
+  return events;
+}
+
+static const char *ev_name(const json_t *events, size_t i)
+{
+  return json_string_value(json_object_get(json_array_get(events, i), "event"));
+}
+
+static const json_t *ev_data(const json_t *events, size_t i)
+{
+  return json_object_get(json_array_get(events, i), "data");
+}
+
+/* The events' names joined by spaces (for one readable assertion). */
+static char *names(const json_t *events)
+{
+  static char buf[512];
+  buf[0] = '\0';
+  for (size_t i = 0; i < json_array_size(events); i++) {
+    if (i)
+      strcat(buf, " ");
+    strncat(buf, ev_name(events, i), 64);
+  }
+  return buf;
+}
+
+static const char *error_code(const json_t *body)
+{
+  return json_string_value(json_object_get(json_object_get(body, "error"), "code"));
+}
+
+/* {====================================================== the happy path */
+
+static void test_create_message_delete(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char id[40];
+  create(s, 0, NULL, id);
+  long status;
+  json_t *ev = turn(s, 0, id, "x = 41", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
+  /* the call, then its result from the daemon, for this call */
+  const json_t *call = ev_data(ev, 0);
+  assert_string_equal(json_string_value(json_object_get(call, "name")), "executeCode");
+  assert_string_equal(json_string_value(json_object_get(call, "arguments")),
+                      "{\"code\":\"x = 41\"}");
+  const json_t *res = ev_data(ev, 1);
+  assert_string_equal(json_string_value(json_object_get(res, "id")),
+                      json_string_value(json_object_get(call, "id")));
+  const json_t *r = json_object_get(res, "result");
+  assert_non_null(r);
+  assert_string_equal(json_string_value(json_object_get(r, "stdout")), "python 1: x = 41");
+  assert_true(json_is_true(json_object_get(r, "freshSandbox")));
+  assert_int_equal(json_integer_value(json_object_get(r, "exitCode")), 0);
+  assert_int_equal(strlen(json_string_value(json_object_get(r, "recordSha256"))), 64);
+  assert_string_equal(json_string_value(json_object_get(ev_data(ev, 2), "text")),
+                      "ran: x = 41");
+  const json_t *end = ev_data(ev, 4);
+  assert_true(json_is_true(json_object_get(end, "ok")));
+  assert_int_equal(json_integer_value(json_object_get(end, "turn")), 1);
+  assert_int_equal(json_integer_value(json_object_get(end, "cells")), 1);
+  json_decref(ev);
+
+  /* the second turn runs in the same sandbox: the daemon counts on */
+  ev = turn(s, 0, id, "x + 1", &status);
+  assert_int_equal(status, 200);
+  r = json_object_get(ev_data(ev, 1), "result");
+  assert_string_equal(json_string_value(json_object_get(r, "stdout")), "python 2: x + 1");
+  assert_null(json_object_get(r, "freshSandbox"));
+  json_decref(ev);
+
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "turns")), 2);
+  assert_true(json_is_false(json_object_get(j, "busy")));
+  json_decref(j);
+
+  long closes = fault_forwarded(&proxy, "CloseSession");
+  assert_int_equal(st_call_json("DELETE", url(s, "/v1/conversations/%s", id), s->token[0],
+                                NULL, &j), 200);
+  assert_true(json_is_true(json_object_get(j, "completed")));
+  json_decref(j);
+  /* onComplete disposed the sandbox before the answer came */
+  assert_int_equal(fault_forwarded(&proxy, "CloseSession"), closes + 1);
+  /* and the conversation is gone */
+  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 404);
+  json_decref(j);
+  ev = turn(s, 0, id, "1", &status);
+  assert_int_equal(status, 404);
+  json_decref(ev);
+  stop(s, 0);
+}
+
+static bool all_done(void *ud)
+{
+  st_stream **v = ud;
+  for (int i = 0; i < 2; i++)
+    if (!v[i]->done)
+      return false;
+  return true;
+}
+
+/* With a user id and metadata; two messages at once on one conversation: the second
+ * waits for the first, and both run in its one sandbox. */
+static void test_user_and_queueing_in_one_conversation(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char id[40];
+  create(s, 1, "{\"userId\": \"alice\", \"metadata\": {\"npc\": \"guard\"}}", id);
+  /* two messages at once on one conversation: the second waits for the first */
+  CURLM *m = curl_multi_init();
+  st_stream a, b;
+  a.ud = b.ud = NULL;
+  st_stream_start(&a, m, url(s, "/v1/conversations/%s/messages", id), s->token[1],
+                  "{\"content\": \"plimsoll-echo:sleep:300\"}");
+  st_stream_start(&b, m, url(s, "/v1/conversations/%s/messages", id), s->token[1],
+                  "{\"content\": \"y = 2\"}");
+  st_stream *both[2] = {&a, &b};
+  assert_true(st_pump(m, all_done, both, WAIT));
+  assert_int_equal(a.status, 200);
+  assert_int_equal(b.status, 200);
+  json_t *ea = st_stream_events(&a), *eb = st_stream_events(&b);
+  assert_string_equal(names(ea), "tool_call tool_result delta message turn_end");
+  assert_string_equal(names(eb), "tool_call tool_result delta message turn_end");
+  /* in order, in one sandbox: the first turn ended before the second began */
+  assert_int_equal(json_integer_value(json_object_get(ev_data(ea, 4), "turn")), 1);
+  assert_int_equal(json_integer_value(json_object_get(ev_data(eb, 4), "turn")), 2);
+  const json_t *rb = json_object_get(ev_data(eb, 1), "result");
+  assert_string_equal(json_string_value(json_object_get(rb, "stdout")), "python 2: y = 2");
+  assert_true(b.ended >= a.ended);
+  json_decref(ea);
+  json_decref(eb);
+  st_stream_free(&a, m);
+  st_stream_free(&b, m);
+  curl_multi_cleanup(m);
+  stop(s, 0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== callers and bad input */
+
+static void test_other_callers_conversation_is_404(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char id[40];
+  create(s, 0, NULL, id);
+  char *unknown_body = NULL, *other_body = NULL;
+  /* an id nobody has, and alice's id asked by bob: the same answer */
+  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", "0123456789abcdef0123456789abcdef"),
+                           s->token[1], NULL, &unknown_body), 404);
+  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", id), s->token[1], NULL,
+                           &other_body), 404);
+  assert_string_equal(unknown_body, other_body);
+  free(unknown_body);
+  free(other_body);
+  long status;
+  json_t *ev = turn(s, 1, id, "stolen = 1", &status);
+  assert_int_equal(status, 404);
+  assert_string_equal(error_code(ev), "not_found");
+  json_decref(ev);
+  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", id), s->token[1], NULL,
+                           NULL), 404);
+  /* nothing changed for alice: no turn ran, her conversation works */
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
+  json_decref(j);
+  ev = turn(s, 0, id, "mine = 1", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(ev_data(ev, 1),
+                                                                        "result"), "stdout")),
+                      "python 1: mine = 1");
+  json_decref(ev);
+  stop(s, 0);
+}
+
+static void test_401_without_a_token(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), NULL, NULL, &j), 401);
+  assert_string_equal(error_code(j), "unauthenticated");
+  json_decref(j);
+  assert_int_equal(st_call("POST", url(s, "/v1/conversations"), "not-a-token", NULL, NULL), 401);
+  assert_int_equal(st_call("GET", url(s, "/metrics"), NULL, NULL, NULL), 401);
+  /* a token of the file, but not as a bearer token */
+  CURL *e = curl_easy_init();
+  char hdr[128];
+  snprintf(hdr, sizeof hdr, "Authorization: Basic %s", s->token[0]);
+  struct curl_slist *h = curl_slist_append(NULL, hdr);
+  curl_easy_setopt(e, CURLOPT_URL, url(s, "/v1/conversations"));
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+  FILE *null = fopen("/dev/null", "w");
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, null);
+  assert_int_equal(curl_easy_perform(e), CURLE_OK);
+  long code = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+  assert_int_equal(code, 401);
+  fclose(null);
+  curl_slist_free_all(h);
+  curl_easy_cleanup(e);
+  /* health needs no token */
+  assert_int_equal(st_call_json("GET", url(s, "/healthz"), NULL, NULL, &j), 200);
+  assert_string_equal(json_string_value(json_object_get(j, "status")), "ok");
+  json_decref(j);
+  /* and nothing was created */
+  char *metrics = NULL;
+  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_non_null(strstr(metrics, "\nberth_conversations_opened_total 0\n"));
+  free(metrics);
+  stop(s, 0);
+}
+
+static void test_400_malformed_input_changes_nothing(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  static const char *const bad_create[] = {
+    "{", "[]", "\"x\"", "{\"userId\": 5}", "{\"user\": \"a\"}", "{\"metadata\": []}",
+    "{\"userId\": \"\"}", "{\"a\":1,\"a\":2}", NULL
+  };
+  for (int i = 0; bad_create[i]; i++) {
+    json_t *j = NULL;
+    long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[0], bad_create[i],
+                               &j);
+    if (status != 400)
+      fail_msg("create with %s: %ld", bad_create[i], status);
+    assert_string_equal(error_code(j), "invalid_argument");
+    assert_non_null(json_string_value(json_object_get(json_object_get(j, "error"), "message")));
+    json_decref(j);
+  }
+  char id[40];
+  create(s, 0, NULL, id);
+  static const char *const bad_message[] = {
+    "", "{", "{}", "{\"content\": 5}", "{\"content\": \"a\", \"more\": 1}",
+    "{\"content\": \"a\\u0000b\"}", "[\"content\"]", NULL
+  };
+  for (int i = 0; bad_message[i]; i++) {
+    json_t *j = NULL;
+    long status = st_call_json("POST", url(s, "/v1/conversations/%s/messages", id),
+                               s->token[0], bad_message[i], &j);
+    if (status != 400)
+      fail_msg("message %s: %ld", bad_message[i], status);
+    assert_string_equal(error_code(j), "invalid_argument");
+    json_decref(j);
+  }
+  /* a body that is not JSON by its type */
+  assert_int_equal(st_call_type("POST", url(s, "/v1/conversations"), s->token[0], "a=b",
+                                "application/x-www-form-urlencoded", NULL), 415);
+  /* routes and methods */
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("PUT", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 405);
+  assert_string_equal(error_code(j), "method_not_allowed");
+  json_decref(j);
+  assert_int_equal(st_call("GET", url(s, "/v1/conversations"), s->token[0], NULL, NULL), 405);
+  assert_int_equal(st_call("GET", url(s, "/v2/nothing"), s->token[0], NULL, NULL), 404);
+  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/other", id), s->token[0], NULL,
+                           NULL), 404);
+  /* one conversation, no turn, no cell: the bad requests changed nothing */
+  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
+  json_decref(j);
+  char *metrics = NULL;
+  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_non_null(strstr(metrics, "\nberth_conversations 1\n"));
+  assert_non_null(strstr(metrics, "\nberth_conversations_opened_total 1\n"));
+  assert_non_null(strstr(metrics, "\nberth_turns_started_total 0\n"));
+  free(metrics);
+  stop(s, 0);
+}
+
+static void test_413_oversized_body(void **state)
+{
+  (void)state;
+  static const char *const more[] = {"--max-body-bytes", "4096", NULL};
+  st_server *s = serve(more);
+  char id[40];
+  create(s, 0, NULL, id);
+  size_t n = 5000;
+  char *big = malloc(n + 32);
+  snprintf(big, n + 32, "{\"content\": \"%0*d\"}", (int)n, 0);
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations/%s/messages", id),
+                                s->token[0], big, &j), 413);
+  assert_string_equal(error_code(j), "payload_too_large");
+  json_decref(j);
+  /* the same without a Content-Length (chunked) */
+  CURL *e = curl_easy_init();
+  char hdr[128];
+  snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", s->token[0]);
+  struct curl_slist *h = curl_slist_append(NULL, hdr);
+  h = curl_slist_append(h, "Transfer-Encoding: chunked");
+  h = curl_slist_append(h, "Content-Type: application/json");
+  curl_easy_setopt(e, CURLOPT_URL, url(s, "/v1/conversations/%s/messages", id));
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, big);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+  FILE *null = fopen("/dev/null", "w");
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, null);
+  curl_easy_perform(e);
+  long code = 0;
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+  assert_int_equal(code, 413);
+  fclose(null);
+  curl_slist_free_all(h);
+  curl_easy_cleanup(e);
+  free(big);
+  /* no turn started; the conversation still takes a small message */
+  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+                                &j), 200);
+  assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
+  json_decref(j);
+  long status;
+  json_t *ev = turn(s, 0, id, "ok = 1", &status);
+  assert_int_equal(status, 200);
+  json_decref(ev);
+  stop(s, 0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== limits */
+
+static void test_capacity_at_max_conversations(void **state)
+{
+  (void)state;
+  static const char *const more[] = {"--max-conversations", "2", NULL};
+  st_server *s = serve(more);
+  char a[40], b[40], c[40];
+  create(s, 0, NULL, a);
+  create(s, 1, NULL, b);
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[0], NULL, &j),
+                   429);
+  assert_string_equal(error_code(j), "capacity");
+  assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"),
+                                                           "message")), "limit of 2"));
+  json_decref(j);
+  /* the refused one left no trace; deleting one makes room */
+  char *metrics = NULL;
+  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  assert_non_null(strstr(metrics, "\nberth_conversations 2\n"));
+  assert_non_null(strstr(metrics, "berth_errors_total{source=\"host\",class=\"capacity\"} 1\n"));
+  free(metrics);
+  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", a), s->token[0], NULL, NULL),
+                   200);
+  create(s, 0, NULL, c);
+  stop(s, 0);
+}
+
+typedef struct three {
+  st_stream *v[3];
+  st_server *s;
+} three;
+
+static bool first_running_second_queued(void *ud)
+{
+  three *t = ud;
+  char *metrics = NULL;
+  st_call("GET", url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
+  bool ok = strstr(metrics, "\nberth_turns_running 1\n") &&
+            strstr(metrics, "\nberth_messages_queued 1\n");
+  free(metrics);
+  return ok;
+}
+
+static bool all_three_done(void *ud)
+{
+  three *t = ud;
+  for (int i = 0; i < 3; i++)
+    if (t->v[i] && !t->v[i]->done)
+      return false;
+  return true;
+}
+
+/* One turn at a time, one message may wait, the next is refused ("capacity"). */
+static void test_turn_queue_and_capacity(void **state)
+{
+  (void)state;
+  static const char *const more[] = {"--max-concurrent-turns", "1", "--max-queued-messages",
+                                     "1", NULL};
+  st_server *s = serve(more);
+  char a[40], b[40], c[40];
+  create(s, 0, NULL, a);
+  create(s, 0, NULL, b);
+  create(s, 1, NULL, c);
+  CURLM *m = curl_multi_init();
+  st_stream sa = {0}, sb = {0};
+  three t = {{&sa, &sb, NULL}, s};
+  st_stream_start(&sa, m, url(s, "/v1/conversations/%s/messages", a), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:500\"}");
+  st_stream_start(&sb, m, url(s, "/v1/conversations/%s/messages", b), s->token[0],
+                  "{\"content\": \"b = 1\"}");
+  assert_true(st_pump(m, first_running_second_queued, &t, WAIT));
+  long status;
+  json_t *refused = turn(s, 1, c, "c = 1", &status);
+  assert_int_equal(status, 429);
+  assert_string_equal(error_code(refused), "capacity");
+  json_decref(refused);
+  assert_true(st_pump(m, all_three_done, &t, WAIT));
+  json_t *ea = st_stream_events(&sa), *eb = st_stream_events(&sb);
+  assert_string_equal(names(ea), "tool_call tool_result delta message turn_end");
+  assert_string_equal(names(eb), "tool_call tool_result delta message turn_end");
+  /* b waited for a's slot: its turn took longer than its own cell */
+  assert_true(json_real_value(json_object_get(ev_data(eb, 4), "seconds")) >= 0.3);
+  json_decref(ea);
+  json_decref(eb);
+  st_stream_free(&sa, m);
+  st_stream_free(&sb, m);
+  curl_multi_cleanup(m);
+  /* c was refused without a trace: its first turn is turn 1 */
+  json_t *ev = turn(s, 1, c, "c = 1", &status);
+  assert_int_equal(status, 200);
+  assert_int_equal(json_integer_value(json_object_get(ev_data(ev, 4), "turn")), 1);
+  json_decref(ev);
+  stop(s, 0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== metrics */
+
+/* Every line is a comment (# HELP / # TYPE) or `name{labels} value`; returns the
+ * sample of `want` (exact name with labels), or -1. */
+static double metric(const char *text, const char *want)
+{
+  double found = -1;
+  const char *p = text;
+  while (*p) {
+    const char *e = strchr(p, '\n');
+    assert_non_null(e);         /* every line ends with a newline */
+    size_t n = (size_t)(e - p);
+    char line[512];
+    assert_true(n < sizeof line);
+    memcpy(line, p, n);
+    line[n] = '\0';
+    p = e + 1;
+    if (line[0] == '#') {
+      char name[128], kind[32];
+      if (sscanf(line, "# TYPE %127s %31s", name, kind) == 2)
+        assert_true(!strcmp(kind, "counter") || !strcmp(kind, "gauge") ||
+                    !strcmp(kind, "histogram"));
+      else
+        assert_int_equal(strncmp(line, "# HELP ", 7), 0);
+      continue;
+    }
+    /* name: [a-zA-Z_:][a-zA-Z0-9_:]*, optional {k="v",...}, a space, a number */
+    size_t i = 0;
+    assert_true((line[0] >= 'a' && line[0] <= 'z') || line[0] == '_');
+    while (line[i] && line[i] != '{' && line[i] != ' ')
+      i++;
+    if (line[i] == '{') {
+      char *close = strchr(line + i, '}');
+      assert_non_null(close);
+      i = (size_t)(close - line) + 1;
+    }
+    assert_int_equal(line[i], ' ');
+    char *end;
+    double v = strtod(line + i + 1, &end);
+    assert_true(end != line + i + 1 && *end == '\0');
+    if (strlen(want) == i && !strncmp(line, want, i))
+      found = v;
+  }
+  return found;
+}
+
+static void test_metrics_parse_and_move(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char *before = NULL, *after = NULL;
+  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[1], NULL, &before), 200);
+  char id[40];
+  create(s, 0, NULL, id);
+  long status;
+  json_t *ev = turn(s, 0, id, "m = 1", &status);
+  assert_int_equal(status, 200);
+  json_decref(ev);
+  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[1], NULL, &after), 200);
+  static const struct { const char *name; double moved; } want[] = {
+    {"berth_conversations", 1},
+    {"berth_conversations_opened_total", 1},
+    {"berth_turns_started_total", 1},
+    {"berth_turns_total{outcome=\"ok\"}", 1},
+    {"berth_turns_total{outcome=\"failed\"}", 0},
+    {"berth_cells_total{outcome=\"ok\"}", 1},
+    {"berth_cells_total{outcome=\"error\"}", 0},
+    {"berth_turn_duration_seconds_count", 1},
+    {"berth_turn_duration_seconds_bucket{le=\"+Inf\"}", 1},
+    {"berth_cell_duration_seconds_count", 1},
+    {"berth_http_responses_total{code=\"201\"}", 1},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    double b = metric(before, want[i].name), a = metric(after, want[i].name);
+    if (a < 0)
+      fail_msg("no sample %s", want[i].name);
+    if (b < 0)
+      b = 0;
+    if (a - b != want[i].moved)
+      fail_msg("%s moved by %g, not %g", want[i].name, a - b, want[i].moved);
+  }
+  assert_true(metric(after, "berth_turn_duration_seconds_sum") > 0);
+  /* buckets are cumulative */
+  double prev = 0;
+  static const char *const les[] = {"0.0005", "0.001", "0.01", "0.1", "1", "10", "30", "+Inf"};
+  for (size_t i = 0; i < sizeof les / sizeof *les; i++) {
+    char name[96];
+    snprintf(name, sizeof name, "berth_turn_duration_seconds_bucket{le=\"%s\"}", les[i]);
+    double v = metric(after, name);
+    assert_true(v >= prev);
+    prev = v;
+  }
+  /* no conversation id and no token in the text */
+  assert_null(strstr(after, id));
+  assert_null(strstr(after, s->token[0]));
+  free(before);
+  free(after);
+  stop(s, 0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== SIGTERM */
+
+typedef struct seen {
+  st_stream *st;
+  const char *event;
+} seen;
+
+static bool saw_event(void *ud)
+{
+  seen *w = ud;
+  return w->st->buf && strstr(w->st->buf, w->event);
+}
+
+static bool stream_done(void *ud)
+{
+  return ((st_stream *)ud)->done;
+}
+
+/* SIGTERM while a cell runs: no new connection, the turn finishes, every sandbox is
+ * disposed, exit 0. */
+static void test_sigterm_finishes_turns_and_disposes(void **state)
+{
+  (void)state;
+  assert_int_equal(fault_reset(&proxy), 0);
+  st_server *s = serve(NULL);
+  char idle[40], busy[40];
+  create(s, 0, NULL, idle);
+  long status;
+  json_t *ev = turn(s, 0, idle, "i = 1", &status);   /* a second sandbox, idle */
+  assert_int_equal(status, 200);
+  json_decref(ev);
+  create(s, 1, NULL, busy);
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", busy), s->token[1],
+                  "{\"content\": \"plimsoll-echo:sleep:800\"}");
+  seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, saw_event, &w, WAIT));      /* the cell is running now */
+  assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 0);
+  kill(s->pid, SIGTERM);
+  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_int_equal(st.status, 200);
+  assert_int_equal(st.result, CURLE_OK);
+  json_t *events = st_stream_events(&st);
+  assert_string_equal(names(events), "tool_call tool_result delta message turn_end");
+  const json_t *r = json_object_get(ev_data(events, 1), "result");
+  assert_non_null(r);
+  assert_string_equal(json_string_value(json_object_get(r, "stdout")),
+                      "python 1: plimsoll-echo:sleep:800");
+  assert_true(json_is_true(json_object_get(ev_data(events, 4), "ok")));
+  json_decref(events);
+  st_stream_free(&st, m);
+  curl_multi_cleanup(m);
+  int code = st_wait_exit(s, WAIT);
+  assert_int_equal(code, 0);
+  /* both sandboxes were closed before it exited */
+  assert_int_equal(fault_forwarded(&proxy, "OpenSession"), 2);
+  assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 2);
+  /* the log holds neither a token nor an id */
+  char *log = st_read_log(s);
+  assert_non_null(log);
+  assert_non_null(strstr(log, "SIGTERM"));
+  assert_null(strstr(log, s->token[0]));
+  assert_null(strstr(log, s->token[1]));
+  assert_null(strstr(log, busy));
+  assert_null(strstr(log, idle));
+  free(log);
+  /* nothing listens any more */
+  assert_int_equal(st_call("GET", url(s, "/healthz"), NULL, NULL, NULL), 0);
+  stop(s, -1);                  /* already gone */
+}
+
+/* A turn longer than the grace is cancelled: an error event, the turn's end. */
+static void test_sigterm_cancels_after_the_grace(void **state)
+{
+  (void)state;
+  assert_int_equal(fault_reset(&proxy), 0);
+  static const char *const more[] = {"--shutdown-grace", "0.3", NULL};
+  st_server *s = serve(more);
+  char id[40];
+  create(s, 0, NULL, id);
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:4000\"}");
+  seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, saw_event, &w, WAIT));
+  double t0 = st_now();
+  kill(s->pid, SIGTERM);
+  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_true(st_now() - t0 < 2.5);  /* well before the cell's 4 s */
+  json_t *events = st_stream_events(&st);
+  assert_string_equal(names(events), "tool_call error turn_end");
+  assert_string_equal(json_string_value(json_object_get(ev_data(events, 1), "code")),
+                      "cancelled");
+  assert_true(json_is_false(json_object_get(ev_data(events, 2), "ok")));
+  json_decref(events);
+  st_stream_free(&st, m);
+  curl_multi_cleanup(m);
+  /* (echo's close waits for the cell it runs, so the exit comes after the 4 s) */
+  assert_int_equal(st_wait_exit(s, WAIT), 0);
+  assert_int_equal(fault_forwarded(&proxy, "CloseSession"),
+                   fault_forwarded(&proxy, "OpenSession"));
+  stop(s, -1);
+}
+
+/* }====================================================== */
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_create_message_delete),
+    cmocka_unit_test(test_user_and_queueing_in_one_conversation),
+    cmocka_unit_test(test_other_callers_conversation_is_404),
+    cmocka_unit_test(test_401_without_a_token),
+    cmocka_unit_test(test_400_malformed_input_changes_nothing),
+    cmocka_unit_test(test_413_oversized_body),
+    cmocka_unit_test(test_capacity_at_max_conversations),
+    cmocka_unit_test(test_turn_queue_and_capacity),
+    cmocka_unit_test(test_metrics_parse_and_move),
+    cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),
+    cmocka_unit_test(test_sigterm_cancels_after_the_grace),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
