@@ -259,7 +259,7 @@ static void test_R18_result_of_another_kind_is_data_loss(void **state)
                       PLM_DATA_LOSS, "not of the request's kind", true);
 }
 
-static void test_R19_result_below_floor_is_data_loss_with_mapped_result(void **state)
+static void test_R19_E21_result_below_floor_is_data_loss_with_mapped_result(void **state)
 {
     plm_client *c = proxied();
     arm("{\"mode\":\"lower_tier\",\"rpc\":\"Run\",\"value\":\"process\"}");
@@ -275,7 +275,7 @@ static void test_R19_result_below_floor_is_data_loss_with_mapped_result(void **s
     plm_client_free(c);
 }
 
-static void test_R20_malformed_answer_is_data_loss(void **state)
+static void test_R20_E16_malformed_answer_is_data_loss(void **state)
 {
     run_through_fault("{\"mode\":\"malformed_answer\",\"rpc\":\"Run\"}", NULL, PLM_DATA_LOSS,
                       "startedUnixMs", false);
@@ -352,7 +352,7 @@ static void test_E08_E09_unbound_error_keeps_only_code_and_message(void **state)
     plm_client_free(c);
 }
 
-static void test_E10_header_mark_on_bound_error_without_detail(void **state)
+static void test_E02_E10_header_mark_on_bound_error_without_detail(void **state)
 {
     plm_client *c = proxied();
     arm("{\"mode\":\"not_dispatched_header\",\"rpc\":\"Run\",\"value\":\"request\"}");
@@ -385,7 +385,7 @@ static void test_E10_daemon_body_cap_refusal_is_marked_request(void **state)
     sbx_stop(&small);
 }
 
-static void test_E05_error_bodies_of_any_shape_give_a_code_and_no_mark(void **state)
+static void test_E01_E05_error_bodies_of_any_shape_give_a_code_and_no_mark(void **state)
 {
     static const char *bodies[] = {
         "{\"code\":\"internal\",\"details\":5}", "{\"code\":7,\"message\":{}}",
@@ -645,7 +645,7 @@ static void test_W21_W22_body_that_is_not_a_json_object_is_internal(void **state
 
 /* ---------------------------------------------------------------- sessions (S) */
 
-static void test_S05_two_snippets_chain_and_close(void **state)
+static void test_S05_S12_S24_two_snippets_chain_and_close(void **state)
 {
     plm_client *c = direct();
     plm_session *s = open_session(c, NULL);
@@ -749,7 +749,7 @@ static void end_all_sessions(void)
     assert_int_equal(http_call("POST", url, "", NULL), 200);
 }
 
-static void test_S13_call_on_ended_session_refused_with_reason(void **state)
+static void test_S13_E23_call_on_ended_session_refused_with_reason(void **state)
 {
     plm_client *c = direct();
     plm_session *s = open_session(c, NULL);
@@ -803,7 +803,7 @@ static void test_S26_deadline_cell_result(void **state)
     plm_client_free(c);
 }
 
-static void test_S18_unanswered_call_with_checking_record_advances_chain(void **state)
+static void test_S18_R21_unanswered_call_with_checking_record_advances_chain(void **state)
 {
     plm_client *c = direct();
     plm_session *s = open_session(c, NULL);
@@ -1104,6 +1104,208 @@ static void test_S08_session_floor_carried_on_every_call(void **state)
     plm_client_free(c);
 }
 
+/* ---------------------------------------------------------------- more W, R, E, S */
+
+static void test_W02_each_request_carries_a_fresh_id(void **state)
+{
+    /* Three Describes through a proxy that answers every one with the first answer (and
+     * its id): only the first is bound, so each request carried a new id. */
+    plm_client *c = proxied();
+    arm("{\"mode\":\"replay\",\"rpc\":\"Describe\"}");
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    plm_info_free(info);
+    for (int i = 0; i < 2; i++) {
+        plm_error *e = plm_describe_sync(c, &info);
+        assert_null(info);
+        assert_non_null(e);
+        assert_true(e->answer_not_bound);
+        plm_error_free(e);
+    }
+    plm_client_free(c);
+}
+
+static void test_W17_refusal_reported_after_cancel_is_canceled(void **state)
+{
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", closed_port());
+    plm_client *c = client_at(url, NULL, 0);
+    plm_cancel *k = plm_cancel_new();
+    plm_run_options o = {.cancel = k};
+    box b = {0};
+    ok(plm_run_javascript(c, "1", &o, box_cb, &b));
+    plm_cancel_fire(k); /* before the loop ever reports the refused connect */
+    while (!b.done)
+        ev_run(plm_client_loop(c), EVRUN_ONCE);
+    expect(b.err, PLM_CANCELED, PLM_REFUSAL_NONE, NULL);
+    plm_cancel_free(k);
+    plm_client_free(c);
+}
+
+static void test_W24_a_call_whose_answer_was_lost_is_not_sent_again(void **state)
+{
+    plm_client *c = proxied();
+    plm_error *e = NULL;
+    plm_result *r = run_js(c, "warm the connection", NULL, &e);
+    ok(e);
+    plm_result_free(r);
+    arm("{\"mode\":\"reset\",\"rpc\":\"Run\",\"count\":1}");
+    assert_null(run_js(c, "1", NULL, &e)); /* on the reused keep-alive connection */
+    expect(e, PLM_UNAVAILABLE, PLM_REFUSAL_NONE, NULL);
+    assert_int_equal(fault_forwarded(&proxy, "Run"), 2); /* ran once, never re-sent */
+    plm_client_free(c);
+}
+
+static void test_W27_lifetime_and_idle_are_passed_capped_or_omitted(void **state)
+{
+    plm_client *c = direct();
+    plm_session_options so = {.idle_timeout_ms = 1500, .lifetime_ms = 60000};
+    plm_session *s = open_session(c, &so);
+    assert_int_equal(plm_session_idle_timeout_ms(s), 1500);
+    close_expect(s, 0, PLM_END_CLOSED);
+    plm_session_free(s);
+    plm_session_options neg = {.idle_timeout_ms = -1, .lifetime_ms = 0};
+    s = open_session(c, &neg);
+    assert_int_equal(plm_session_idle_timeout_ms(s), 300000); /* omitted: the daemon's */
+    close_expect(s, 0, PLM_END_CLOSED);
+    plm_session_free(s);
+    plm_client_free(c);
+}
+
+static void test_W28_grant_sent_only_when_configured_and_never_on_cells(void **state)
+{
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = daemon_proc.url;
+    o.token = daemon_proc.token;
+    o.javascript_grant_profile = "net-egress";
+    plm_client *c = NULL;
+    ok(plm_client_new(NULL, &o, &c));
+    plm_error *e = NULL;
+    /* This daemon offers no grants, so a snippet that names one is refused... */
+    assert_null(run_js(c, "1", NULL, &e));
+    assert_int_not_equal(e->not_dispatched, PLM_REFUSAL_NONE);
+    plm_error_free(e);
+    /* ...while a cell, which never carries a grant, runs. */
+    plm_session *s = open_session(c, NULL);
+    plm_result *r = cell(s, "python", "1", &e);
+    ok(e);
+    plm_result_free(r);
+    close_expect(s, 1, PLM_END_CLOSED);
+    plm_session_free(s);
+    plm_client_free(c);
+    c = direct(); /* no grant configured: the same snippet runs */
+    r = run_js(c, "1", NULL, &e);
+    ok(e);
+    plm_result_free(r);
+    plm_client_free(c);
+}
+
+static void test_W29_trace_id_is_not_validated_by_the_client(void **state)
+{
+    plm_client *c = direct();
+    plm_run_options o = {.trace_id = "not a valid trace id! it has spaces and is long long long long long long"};
+    plm_error *e = NULL;
+    plm_result *r = run_js(c, "1", &o, &e);
+    ok(e); /* the daemon drops it silently; the record is still checked */
+    plm_result_free(r);
+    plm_client_free(c);
+}
+
+static void test_W32_describe_maps_absent_fields_and_filters_languages(void **state)
+{
+    plm_client *c = proxied();
+    arm("{\"mode\":\"patch\",\"rpc\":\"Describe\",\"value\":{\"maxSessionsPerOwner\":1,"
+        "\"sessionEnvironment.languages\":[\"python\",\"cobol\"],\"projectEnvironment\":null}}");
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    assert_int_equal(info->max_sessions_per_owner, 1);
+    assert_int_equal(info->max_sessions_per_caller, 0);
+    assert_true(info->session.python);
+    assert_false(info->session.javascript);
+    assert_int_equal(info->project.max_timeout_ms, 0);
+    assert_string_equal(info->policy, "");
+    plm_info_free(info);
+    plm_client_free(c);
+}
+
+static void test_R10_record_version_must_be_2_under_protocol_3(void **state)
+{
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.version\":1}}", NULL, PLM_DATA_LOSS, "version", true);
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.version\":3}}", NULL, PLM_DATA_LOSS, "version", true);
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.unanswered\":\"unknown\"}}", NULL, PLM_DATA_LOSS, "unanswered", true);
+}
+
+static void test_R14_environment_and_software_must_match_the_answer(void **state)
+{
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.environment\":\"other-image\"}}", NULL, PLM_DATA_LOSS,
+                      "environment", true);
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.softwareRuleId\":\"exact:x\"}}", NULL, PLM_DATA_LOSS,
+                      "software", true);
+    run_through_fault("{\"mode\":\"patch\",\"rpc\":\"Run\",\"recompute\":true,\"value\":"
+                      "{\"record.softwareIdentity\":\"x\"}}", NULL, PLM_DATA_LOSS,
+                      "software identity", true);
+}
+
+static void test_E19_E26_open_on_a_daemon_without_sessions_is_unsupported(void **state)
+{
+    sbx_proc none;
+    const char *args[] = {"--max-sessions", "0", NULL};
+    assert_int_equal(sbx_start(&none, args), 0);
+    plm_client *c = client_at(none.url, none.token, 0);
+    plm_session *s = NULL;
+    expect(plm_open_session_sync(c, NULL, &s), PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED, NULL);
+    assert_null(s);
+    plm_client_free(c);
+    sbx_stop(&none);
+}
+
+static void test_E24_replaced_session_is_refused_with_its_reason(void **state)
+{
+    sbx_proc capped;
+    const char *args[] = {"--max-sessions-per-owner", "1", NULL};
+    assert_int_equal(sbx_start(&capped, args), 0);
+    plm_client *c = client_at(capped.url, capped.token, 0);
+    plm_session_options so = {.owner = "alice@example.com"};
+    plm_session *first = open_session(c, &so);
+    plm_session *second = open_session(c, &so); /* the daemon replaces the idle first */
+    plm_error *e = NULL;
+    assert_null(cell(first, "python", "1", &e));
+    assert_int_equal(e->session_ended, PLM_END_REPLACED);
+    expect(e, PLM_FAILED_PRECONDITION, PLM_REFUSAL_REQUEST, NULL);
+    plm_result *r = cell(second, "python", "1", &e);
+    ok(e);
+    plm_result_free(r);
+    close_expect(second, 1, PLM_END_CLOSED);
+    plm_session_free(first);
+    plm_session_free(second);
+    plm_client_free(c);
+    sbx_stop(&capped);
+}
+
+static void test_S15_unlisted_end_name_reads_as_unknown_never_open(void **state)
+{
+    plm_client *c = proxied();
+    plm_session *s = open_session(c, NULL);
+    arm("{\"mode\":\"patch\",\"rpc\":\"SessionRun\",\"value\":{\"ended\":\"SESSION_END_HOST_LOST\"}}");
+    plm_error *e = NULL;
+    plm_result *r = cell(s, "python", "1", &e);
+    ok(e);
+    assert_int_equal(r->ended, PLM_END_UNKNOWN);
+    assert_int_equal(plm_session_ended(s, NULL), PLM_END_UNKNOWN);
+    plm_result_free(r);
+    fault_reset(&proxy);
+    close_expect(s, 1, PLM_END_CLOSED);
+    assert_int_equal(plm_session_ended(s, NULL), PLM_END_UNKNOWN); /* the first end stays */
+    plm_session_free(s);
+    plm_client_free(c);
+}
+
 int main(void)
 {
     plm_global_init();
@@ -1120,14 +1322,14 @@ int main(void)
         cmocka_unit_test_setup(test_R16_single_run_with_session_fields_is_data_loss, reset_proxy),
         cmocka_unit_test_setup(test_R17_two_results_is_data_loss, reset_proxy),
         cmocka_unit_test_setup(test_R18_result_of_another_kind_is_data_loss, reset_proxy),
-        cmocka_unit_test_setup(test_R19_result_below_floor_is_data_loss_with_mapped_result, reset_proxy),
-        cmocka_unit_test_setup(test_R20_malformed_answer_is_data_loss, reset_proxy),
+        cmocka_unit_test_setup(test_R19_E21_result_below_floor_is_data_loss_with_mapped_result, reset_proxy),
+        cmocka_unit_test_setup(test_R20_E16_malformed_answer_is_data_loss, reset_proxy),
         cmocka_unit_test_setup(test_E04_code_from_status_when_body_has_none, reset_proxy),
-        cmocka_unit_test_setup(test_E05_error_bodies_of_any_shape_give_a_code_and_no_mark, reset_proxy),
+        cmocka_unit_test_setup(test_E01_E05_error_bodies_of_any_shape_give_a_code_and_no_mark, reset_proxy),
         cmocka_unit_test_setup(test_E06_answer_without_request_id_is_data_loss_not_bound, reset_proxy),
         cmocka_unit_test_setup(test_E07_replayed_success_is_not_bound_although_it_really_ran, reset_proxy),
         cmocka_unit_test_setup(test_E08_E09_unbound_error_keeps_only_code_and_message, reset_proxy),
-        cmocka_unit_test_setup(test_E10_header_mark_on_bound_error_without_detail, reset_proxy),
+        cmocka_unit_test_setup(test_E02_E10_header_mark_on_bound_error_without_detail, reset_proxy),
         cmocka_unit_test_setup(test_E10_daemon_body_cap_refusal_is_marked_request, reset_proxy),
         cmocka_unit_test_setup(test_E11_unknown_procedure_404_with_header_is_unimplemented_unsupported, reset_proxy),
         cmocka_unit_test_setup(test_W08_no_headers_within_deadline_is_deadline_exceeded, reset_proxy),
@@ -1141,18 +1343,18 @@ int main(void)
         cmocka_unit_test_setup(test_W18_answer_cut_mid_body_is_unavailable_unmarked, reset_proxy),
         cmocka_unit_test_setup(test_W20_answer_over_32_MiB_is_resource_exhausted, reset_proxy),
         cmocka_unit_test_setup(test_W21_W22_body_that_is_not_a_json_object_is_internal, reset_proxy),
-        cmocka_unit_test_setup(test_S05_two_snippets_chain_and_close, reset_proxy),
+        cmocka_unit_test_setup(test_S05_S12_S24_two_snippets_chain_and_close, reset_proxy),
         cmocka_unit_test_setup(test_S06_cells_share_the_chain_with_snippets, reset_proxy),
         cmocka_unit_test_setup(test_S07_unknown_cell_language_refused_session_usable, reset_proxy),
         cmocka_unit_test_setup(test_S08_session_floor_carried_on_every_call, reset_proxy),
         cmocka_unit_test_setup(test_S09_concurrent_calls_are_serialized_in_order, reset_proxy),
         cmocka_unit_test_setup(test_S10_session_ending_during_a_call_is_reported, reset_proxy),
         cmocka_unit_test_setup(test_S11_broken_chain_is_data_loss_and_stops_the_session, reset_proxy),
-        cmocka_unit_test_setup(test_S13_call_on_ended_session_refused_with_reason, reset_proxy),
+        cmocka_unit_test_setup(test_S13_E23_call_on_ended_session_refused_with_reason, reset_proxy),
         cmocka_unit_test_setup(test_S16_unchecked_failure_stops_session_and_nothing_more_is_sent, reset_proxy),
         cmocka_unit_test_setup(test_S17_refused_call_leaves_session_usable, reset_proxy),
         cmocka_unit_test_setup(test_S26_deadline_cell_result, reset_proxy),
-        cmocka_unit_test_setup(test_S18_unanswered_call_with_checking_record_advances_chain, reset_proxy),
+        cmocka_unit_test_setup(test_S18_R21_unanswered_call_with_checking_record_advances_chain, reset_proxy),
         cmocka_unit_test_setup(test_S19_lying_unanswered_record_stops_the_session, reset_proxy),
         cmocka_unit_test_setup(test_S20_queued_call_cancelled_before_sending, reset_proxy),
         cmocka_unit_test_setup(test_S21_ill_formed_text_in_session_call_refused_session_usable, reset_proxy),
@@ -1162,6 +1364,18 @@ int main(void)
         cmocka_unit_test_setup(test_S25_close_count_mismatch_is_data_loss_with_summary, reset_proxy),
         cmocka_unit_test_setup(test_S03_open_with_wrong_fingerprint_closes_then_fails, reset_proxy),
         cmocka_unit_test_setup(test_S03_open_below_floor_is_data_loss, reset_proxy),
+        cmocka_unit_test_setup(test_W02_each_request_carries_a_fresh_id, reset_proxy),
+        cmocka_unit_test_setup(test_W17_refusal_reported_after_cancel_is_canceled, reset_proxy),
+        cmocka_unit_test_setup(test_W24_a_call_whose_answer_was_lost_is_not_sent_again, reset_proxy),
+        cmocka_unit_test_setup(test_W27_lifetime_and_idle_are_passed_capped_or_omitted, reset_proxy),
+        cmocka_unit_test_setup(test_W28_grant_sent_only_when_configured_and_never_on_cells, reset_proxy),
+        cmocka_unit_test_setup(test_W29_trace_id_is_not_validated_by_the_client, reset_proxy),
+        cmocka_unit_test_setup(test_W32_describe_maps_absent_fields_and_filters_languages, reset_proxy),
+        cmocka_unit_test_setup(test_R10_record_version_must_be_2_under_protocol_3, reset_proxy),
+        cmocka_unit_test_setup(test_R14_environment_and_software_must_match_the_answer, reset_proxy),
+        cmocka_unit_test_setup(test_E19_E26_open_on_a_daemon_without_sessions_is_unsupported, reset_proxy),
+        cmocka_unit_test_setup(test_E24_replaced_session_is_refused_with_its_reason, reset_proxy),
+        cmocka_unit_test_setup(test_S15_unlisted_end_name_reads_as_unknown_never_open, reset_proxy),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

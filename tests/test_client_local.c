@@ -362,6 +362,137 @@ static void test_W34_lossy_text(void **state)
     assert_int_equal(plm_base64_decode("a$==", 4, &out, &n), -1);
 }
 
+static void test_W25_W26_envelope_order_and_timeout_clamping(void **state)
+{
+    struct { int64_t in; json_int_t want; } cases[] = {
+        {0, 0}, {-5, 0}, {1, 1}, {30000, 30000}, {2147483647LL, 2147483647LL},
+        {2147483648LL, 2147483647LL}, {INT64_MAX, 2147483647LL},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(cases); i++) {
+        json_t *req = json_object();
+        plm_run_options o = {.timeout_ms = cases[i].in, .trace_id = "t-1"};
+        const char *ids[] = {"a"};
+        plm_software_rule r = {"exact", ids, 1};
+        json_t *rule = NULL;
+        assert_null(plm_rule_to_json(&r, &rule));
+        assert_null(plm_envelope(req, &o, "container", rule));
+        const json_t *t = json_object_get(req, "timeoutMs");
+        if (cases[i].want == 0)
+            assert_null(t); /* omitted, and digested as 0 */
+        else
+            assert_int_equal(json_integer_value(t), cases[i].want);
+        /* protocol first, then the floor, the trace id, the timeout and the rule */
+        const char *key;
+        json_t *v;
+        const char *order[] = {"protocol", "minimumIsolation", "traceId", "timeoutMs", "softwareRule"};
+        size_t k = 0;
+        json_object_foreach(req, key, v) {
+            while (k < 5 && strcmp(order[k], key) != 0)
+                k++;
+            if (k == 5)
+                fail_msg("key %s out of order", key);
+        }
+        assert_int_equal(json_integer_value(json_object_get(req, "protocol")), 3);
+        json_decref(req);
+    }
+}
+
+static void test_E03_refusal_reasons_all_mark_not_dispatched(void **state)
+{
+    /* NotDispatched{reason: n} for n = 0..8, as field 1 varint, base64 without padding. */
+    static const char *values[] = {"", "CAE", "CAI", "CAM", "CAQ", "CAU", "CAY", "CAc", "CAg"};
+    static const plm_refusal want[] = {
+        PLM_REFUSAL_UNKNOWN, PLM_REFUSAL_REQUEST, PLM_REFUSAL_PERMISSION, PLM_REFUSAL_PROTOCOL,
+        PLM_REFUSAL_UNSUPPORTED, PLM_REFUSAL_ISOLATION, PLM_REFUSAL_CAPACITY,
+        PLM_REFUSAL_ENVIRONMENT, PLM_REFUSAL_UNKNOWN,
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(values); i++) {
+        json_t *d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.NotDispatched", "value", values[i]);
+        plm_details det;
+        plm_details_parse(d, &det);
+        assert_true(det.has_not_dispatched);
+        assert_int_equal(det.reason, want[i]);
+        plm_details_clear(&det);
+        json_decref(d);
+    }
+    assert_string_equal(plm_refusal_name(PLM_REFUSAL_CAPACITY), "capacity");
+    assert_null(plm_refusal_name(PLM_REFUSAL_NONE));
+}
+
+static void test_E12_E15_session_ended_and_unanswered_details_decode(void **state)
+{
+    /* SessionEnded{CLOSED, "the session has ended"} from wire.md §6. */
+    json_t *d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.SessionEnded", "value",
+                          "CAESFXRoZSBzZXNzaW9uIGhhcyBlbmRlZA");
+    plm_details det;
+    plm_details_parse(d, &det);
+    assert_true(det.has_session_ended);
+    assert_int_equal(det.end, PLM_END_CLOSED);
+    assert_string_equal(det.end_detail, "the session has ended");
+    assert_false(det.has_not_dispatched);
+    plm_details_clear(&det);
+    json_decref(d);
+    /* reason 0 and 42 read as ended-for-an-unknown-reason; 2 as expired (E15) */
+    struct { const char *v; plm_session_end want; } ends[] = {{"CAA", PLM_END_UNKNOWN},
+                                                              {"CCo", PLM_END_UNKNOWN},
+                                                              {"CAI", PLM_END_EXPIRED}};
+    for (size_t i = 0; i < 3; i++) {
+        d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.SessionEnded", "value", ends[i].v);
+        plm_details_parse(d, &det);
+        assert_int_equal(det.end, ends[i].want);
+        plm_details_clear(&det);
+        json_decref(d);
+    }
+    /* UnansweredCall: field 1 = RunRecord{1: 3, 2: "ab", 5: "container", 11: 7}, with an
+     * unknown fixed32 field (tag 0x7d) and an unknown fixed64 field (0x79) skipped. */
+    static const unsigned char rec[] = {0x08, 0x03, 0x12, 0x02, 'a', 'b', 0x2a, 0x09, 'c', 'o',
+                                        'n', 't', 'a', 'i', 'n', 'e', 'r', 0x58, 0x07, 0x7d, 1, 2, 3,
+                                        4, 0x79, 1, 2, 3, 4, 5, 6, 7, 8};
+    unsigned char msg[64];
+    msg[0] = 0x0a;
+    msg[1] = sizeof rec;
+    memcpy(msg + 2, rec, sizeof rec);
+    char *b64 = plm_base64_encode(msg, sizeof rec + 2, false);
+    d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.UnansweredCall", "value", b64);
+    plm_details_parse(d, &det);
+    assert_non_null(det.unanswered);
+    assert_int_equal(det.unanswered->version, 3);
+    assert_string_equal(det.unanswered->request_sha256, "ab");
+    assert_string_equal(det.unanswered->isolation, "container");
+    assert_int_equal(det.unanswered->sequence, 7);
+    assert_string_equal(det.unanswered->provider, "");
+    plm_details_clear(&det);
+    json_decref(d);
+    free(b64);
+}
+
+static void test_E13_undecodable_detail_states_nothing(void **state)
+{
+    static const char *bad[] = {"!!!", "CA", "/w", "CP////////////////8B", "EgVhYg"};
+    for (size_t i = 0; i < PLM_ARRAY_LEN(bad); i++) {
+        json_t *d = json_pack("[{s:s, s:s}, {s:s, s:s}]", "type", "plimsoll.v1.NotDispatched",
+                              "value", bad[i], "type", "plimsoll.v1.UnansweredCall", "value", bad[i]);
+        plm_details det;
+        plm_details_parse(d, &det);
+        /* "EgVhYg" is a well-formed message with only an unknown field: it decodes. */
+        if (i < 4)
+            assert_false(det.has_not_dispatched);
+        assert_null(det.unanswered);
+        plm_details_clear(&det);
+        json_decref(d);
+    }
+    /* A detail whose string is not UTF-8 does not decode either. */
+    static const unsigned char se[] = {0x08, 0x02, 0x12, 0x01, 0xff};
+    char *b64 = plm_base64_encode(se, sizeof se, false);
+    json_t *d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.SessionEnded", "value", b64);
+    plm_details det;
+    plm_details_parse(d, &det);
+    assert_false(det.has_session_ended);
+    plm_details_clear(&det);
+    json_decref(d);
+    free(b64);
+}
+
 int main(void)
 {
     plm_global_init();
@@ -383,6 +514,10 @@ int main(void)
         cmocka_unit_test(test_E17_tier_order),
         cmocka_unit_test(test_S02_owner_digest_is_keyed_by_token),
         cmocka_unit_test(test_W34_lossy_text),
+        cmocka_unit_test(test_W25_W26_envelope_order_and_timeout_clamping),
+        cmocka_unit_test(test_E03_refusal_reasons_all_mark_not_dispatched),
+        cmocka_unit_test(test_E12_E15_session_ended_and_unanswered_details_decode),
+        cmocka_unit_test(test_E13_undecodable_detail_states_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
