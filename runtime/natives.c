@@ -396,7 +396,7 @@ static int l_chat(lua_State *L)
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
   if (!h->model)
-    return plmlua_push_fail(L, "no model is configured (give --model scripted:FILE)",
+    return plmlua_push_fail(L, "no model is configured (give --model scripted:FILE or --model openai[:NAME])",
                             "unavailable");
   /* One conversion of {messages, tools}, owned by a box on the stack (slot 2), so
    * nothing leaks whatever raises later. */
