@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #define X509_DEPTH_ZERO_SELF_SIGNED 18  /* X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT */
 
@@ -205,6 +206,16 @@ static int prereq_cb(void *ud, char *conn_primary_ip, char *conn_local_ip, int c
     return ++t->attempts > 1 ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
 }
 
+/* A transfer that already sent its request gets no second connection: the retry it
+ * would carry could run the call twice (see prereq_cb). */
+static curl_socket_t open_socket_cb(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    xfer *t = ud;
+    if (t->attempts > 0)
+        return CURL_SOCKET_BAD;
+    return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 /* ---------------------------------------------------------------- completion */
 
 static void unlink_xfer(plm_http *h, xfer *t)
@@ -243,7 +254,9 @@ static plm_error *classify(xfer *t, CURLcode rc)
     if (t->canceled) {
         e = plm_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: cancelled during the exchange; the call may have run", m);
-    } else if (t->attempts > 1) {
+    } else if (t->attempts > 1 || (t->attempts == 1 && rc == CURLE_COULDNT_CONNECT)) {
+        /* Sent once, then curl tried again on a fresh connection: whatever that second
+         * attempt met, the first may have run. */
         e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_NONE,
                         "plimsoll: %s: the connection to %s closed before an answer; the call "
                         "may have run, and it is not sent again", m, t->h->base_url);
@@ -255,9 +268,12 @@ static plm_error *classify(xfer *t, CURLcode rc)
         e = plm_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: the answer is larger than %u bytes; the call may have run",
                         m, PLM_MAX_ANSWER_BYTES);
-    } else if ((rc == CURLE_COULDNT_CONNECT && oserr == ECONNREFUSED) ||
+    } else if (t->attempts == 0 &&
+               ((rc == CURLE_COULDNT_CONNECT && oserr == ECONNREFUSED) ||
                (rc == CURLE_SSL_CONNECT_ERROR && strstr(why, "wrong version number")) ||
-               (rc == CURLE_PEER_FAILED_VERIFICATION && verify == X509_DEPTH_ZERO_SELF_SIGNED)) {
+                (rc == CURLE_PEER_FAILED_VERIFICATION && verify == X509_DEPTH_ZERO_SELF_SIGNED))) {
+        /* Only these are proven to fail before any byte of the request left, and only
+         * when no earlier attempt of this exchange was sent. */
         e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
                         "plimsoll: %s: cannot reach the daemon at %s (%s); nothing was sent",
                         m, t->h->base_url, why);
@@ -460,6 +476,8 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L); /* redirects are errors */
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket_cb);
+    curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t);
     /* Reuse only connections idle for under 5 s: an older one is likelier to have been
      * closed by the server, and a request lost that way cannot be sent again. */
     curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 5L);
