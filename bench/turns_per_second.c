@@ -185,15 +185,6 @@ int main(int argc, char **argv)
 
   berth_stats st;
   berth_host_stats(b.h, &st);
-  if (getenv("DBG")) {
-    lua_State *L = berth_host_lua(b.h);
-    printf("count %d KiB accounted %llu KiB\n", lua_gc(L, LUA_GCCOUNT, 0), (unsigned long long)st.lua_bytes / 1024);
-    lua_gc(L, LUA_GCCOLLECT, 0);
-    printf("after collect %d KiB\n", lua_gc(L, LUA_GCCOUNT, 0));
-    lua_gc(L, LUA_GCCOLLECT, 0);
-    berth_host_stats(b.h, &st);
-    printf("after collect %d KiB, accounted %llu KiB\n", lua_gc(L, LUA_GCCOUNT, 0), (unsigned long long)st.lua_bytes / 1024);
-  }
   double rate = (double)b.ended / wall;
   printf("turns_per_second: %u conversations x %u turns, scripted model, no code, %s\n", n,
          turns, pinned ? "pinned to CPU 0" : "not pinned");

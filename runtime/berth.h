@@ -186,8 +186,9 @@ int berth_host_reload(berth_host *h);
  * stop; then every sandbox is disposed (plm_sandboxes_dispose_all) and `done` runs
  * from the loop once every close settled.  Conversations stay allocated (free them,
  * or let berth_host_free).  During a shutdown, a berth_conv_complete `done` callback
- * may free its own conversation, no other.  Call before berth_host_free when a
- * daemon is configured. */
+ * may free its own conversation, no other.  Called again while it runs, the new
+ * `done` replaces the first; after it finished, it disposes again and calls `done`.
+ * Call before berth_host_free when a daemon is configured. */
 void berth_host_shutdown(berth_host *h, void (*done)(void *ud), void *ud);
 bool berth_host_shutting_down(const berth_host *h);
 /* Ends running hook calls (without running their remaining code) and frees all. */

@@ -789,11 +789,17 @@ void berth_host_drain_check(berth_host *h)
 
 void berth_host_shutdown(berth_host *h, void (*done)(void *ud), void *ud)
 {
+  bool finished = h->draining && h->disposing && !h->shutdown.active;
   h->shutdown.fn = done;
   h->shutdown.ud = ud;
   h->shutdown.active = true;
-  if (h->draining)
+  if (finished) {               /* called again after it finished: dispose (again) */
+    h->disposing = false;
+    berth_host_drain_check(h);
     return;
+  }
+  if (h->draining)
+    return;                     /* in progress: `done` replaces the first callback */
   h->draining = true;
   double grace = h->o.shutdown_grace == 0 ? DEFAULT_SHUTDOWN_GRACE
                : h->o.shutdown_grace < 0 ? 0 : h->o.shutdown_grace;

@@ -8,7 +8,9 @@
  *   natives.c  sandbox.*, model.chat, log, sleep, now
  *   agent.c    conversations: turns, idle suspend, completion, ctx
  *   jsonlua.c  JSON <-> Lua
- * and, for the berth command only: cli.c, daemon.c, transcript.c (cli.h).
+ *   stats.c    counters, error classes, latency histograms, Prometheus text
+ *   embed.c    error values, the latency clock, berth_host_open, berth_model_open
+ * and, for the berth command only: cli.c, daemon.c, transcript.c, serve.c (cli.h).
  */
 #ifndef BERTH_RUNTIME_H
 #define BERTH_RUNTIME_H

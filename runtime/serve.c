@@ -137,6 +137,7 @@ struct request {
   char id[ID_LEN + 1];
   size_t caller;
   bool dispatched, suspended, too_large, is_delete;
+  bool answered;                 /* a response is queued: the rest is discarded */
   sconv *deleting;               /* the conversation this DELETE waits for */
   char *body;
   size_t len, cap, discarded;
@@ -375,6 +376,7 @@ static enum MHD_Result queue(request *q, unsigned status, struct MHD_Response *r
 {
   if (!r)
     return MHD_NO;
+  q->answered = true;
   if (status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (q->s->stopping)
@@ -730,10 +732,10 @@ static enum MHD_Result do_create(request *q)
   json_t *v;
   json_object_foreach(body, k, v)
     if (strcmp(k, "userId") && strcmp(k, "metadata")) {
+      struct MHD_Response *r = error_response("invalid_argument", "unknown field \"%.64s\" "
+                                              "(known: userId, metadata)", k);
       json_decref(body);
-      return queue(q, MHD_HTTP_BAD_REQUEST,
-                   error_response("invalid_argument", "unknown field \"%.64s\" (known: "
-                                                      "userId, metadata)", k));
+      return queue(q, MHD_HTTP_BAD_REQUEST, r);
     }
   const json_t *user = json_object_get(body, "userId");
   const json_t *meta = json_object_get(body, "metadata");
@@ -1015,6 +1017,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     struct MHD_Response *r = q->response;
     q->response = NULL;
     return queue(q, q->status, r);
+  }
+  if (q->answered) {            /* refused early (401, 413, …): drop what still comes */
+    *upload_data_size = 0;
+    return MHD_YES;
   }
   if (*upload_data_size) {
     bool more = take_body(q, upload_data, *upload_data_size);

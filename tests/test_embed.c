@@ -642,10 +642,12 @@ static void test_idle_conversations_are_small(void **state)
   berth_host_stats(r->t.host, &s1);
   struct mallinfo2 m1 = mallinfo2();
   double per = ((double)m1.uordblks - (double)m0.uordblks) / N;
+  double lua = ((double)s1.lua_bytes - (double)s0.lua_bytes) / N;
   print_message("idle conversation: %.0f bytes each (allocator, after one turn; %.0f of "
-                "them the Lua state's)\n", per,
-                ((double)s1.lua_bytes - (double)s0.lua_bytes) / N);
-  assert_true(per > 0 && per < 4096);
+                "them the Lua state's)\n", per, lua);
+  assert_true(lua > 0 && lua < 4096);
+  if (m1.uordblks)              /* (0 under valgrind, whose malloc mallinfo2 cannot see) */
+    assert_true(per > 0 && per < 8192);
   for (int i = 0; i < N; i++)
     berth_conv_free(convs[i]);
   free(convs);

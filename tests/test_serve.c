@@ -148,6 +148,22 @@ static const char *error_code(const json_t *body)
   return json_string_value(json_object_get(json_object_get(body, "error"), "code"));
 }
 
+typedef struct seen {
+  st_stream *st;
+  const char *event;
+} seen;
+
+static bool saw_event(void *ud)
+{
+  seen *w = ud;
+  return w->st->buf && strstr(w->st->buf, w->event);
+}
+
+static bool stream_done(void *ud)
+{
+  return ((st_stream *)ud)->done;
+}
+
 /* {====================================================== the happy path */
 
 static void test_create_message_delete(void **state)
@@ -447,6 +463,57 @@ static void test_413_oversized_body(void **state)
   stop(s, 0);
 }
 
+/* A DELETE during a turn waits for it (then onComplete runs); a client that goes away
+ * mid-turn leaves the conversation usable. */
+static void test_delete_waits_and_clients_may_leave(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char a[40], b[40];
+  create(s, 0, NULL, a);
+  create(s, 0, NULL, b);
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", a), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:400\"}");
+  seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, saw_event, &w, WAIT));
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("DELETE", url(s, "/v1/conversations/%s", a), s->token[0],
+                                NULL, &j), 200);
+  json_decref(j);
+  /* the DELETE answered after the turn: its stream is complete */
+  assert_true(st_pump(m, stream_done, &st, WAIT));
+  json_t *events = st_stream_events(&st);
+  assert_string_equal(names(events), "tool_call tool_result delta message turn_end");
+  json_decref(events);
+  st_stream_free(&st, m);
+
+  /* b: the client hangs up while its cell runs */
+  st_stream gone = {0};
+  st_stream_start(&gone, m, url(s, "/v1/conversations/%s/messages", b), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:300\"}");
+  seen w2 = {&gone, "event: tool_call"};
+  assert_true(st_pump(m, saw_event, &w2, WAIT));
+  st_stream_free(&gone, m);     /* closes the connection */
+  curl_multi_cleanup(m);
+  /* the turn still ends; the next one runs in the same sandbox */
+  long status;
+  json_t *ev = turn(s, 0, b, "after = 1", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
+  assert_int_equal(json_integer_value(json_object_get(ev_data(ev, 4), "turn")), 2);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(ev_data(ev, 1),
+                                                                        "result"), "stdout")),
+                      "python 2: after = 1");
+  json_decref(ev);
+  char *metrics = NULL;
+  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_non_null(strstr(metrics, "\nberth_http_streams 0\n"));
+  free(metrics);
+  stop(s, 0);
+}
+
 /* }====================================================== */
 
 /* {====================================================== limits */
@@ -652,22 +719,6 @@ static void test_metrics_parse_and_move(void **state)
 
 /* {====================================================== SIGTERM */
 
-typedef struct seen {
-  st_stream *st;
-  const char *event;
-} seen;
-
-static bool saw_event(void *ud)
-{
-  seen *w = ud;
-  return w->st->buf && strstr(w->st->buf, w->event);
-}
-
-static bool stream_done(void *ud)
-{
-  return ((st_stream *)ud)->done;
-}
-
 /* SIGTERM while a cell runs: no new connection, the turn finishes, every sandbox is
  * disposed, exit 0. */
 static void test_sigterm_finishes_turns_and_disposes(void **state)
@@ -767,6 +818,7 @@ int main(void)
     cmocka_unit_test(test_401_without_a_token),
     cmocka_unit_test(test_400_malformed_input_changes_nothing),
     cmocka_unit_test(test_413_oversized_body),
+    cmocka_unit_test(test_delete_waits_and_clients_may_leave),
     cmocka_unit_test(test_capacity_at_max_conversations),
     cmocka_unit_test(test_turn_queue_and_capacity),
     cmocka_unit_test(test_metrics_parse_and_move),
