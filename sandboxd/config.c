@@ -19,7 +19,7 @@
 #define MAX_TOKEN_FILE_BYTES (1u << 20)
 
 static const char usage_text[] =
-    "usage: sandboxd --listen HOST:PORT --token-file FILE --provider echo [options]\n"
+    "usage: sandboxd --listen HOST:PORT --token-file FILE [--provider NAME] [options]\n"
     "\n"
     "A local plimsoll daemon (protocol 3): Describe, Run, OpenSession, SessionRun and\n"
     "CloseSession over Connect JSON on HTTP/1.1.\n"
@@ -28,8 +28,17 @@ static const char usage_text[] =
     "                                 daemon prints `listening http://HOST:PORT` on stdout\n"
     "  --token-file FILE              bearer tokens, one per line (blank lines and lines\n"
     "                                 starting with # are ignored); every call needs one\n"
-    "  --provider NAME                sandbox provider: echo (a test provider that runs no\n"
-    "                                 code and answers with what it was sent)\n"
+    "  --provider NAME                sandbox provider (default auto):\n"
+    "                                   gvisor   tier kernel: gVisor (runsc), one sandbox per\n"
+    "                                            session, no network, read-only root\n"
+    "                                   bwrap    tier container: bubblewrap namespaces, no\n"
+    "                                            capabilities, seccomp, cgroup limits\n"
+    "                                   process  tier process: plain child processes (for\n"
+    "                                            development; never chosen by auto)\n"
+    "                                   echo     a test provider that runs no code and\n"
+    "                                            answers with what it was sent\n"
+    "                                   auto     the strongest of gvisor and bwrap whose\n"
+    "                                            start-up smoke test passes here\n"
     "  --echo-tier TIER               tier the echo provider states: process, container,\n"
     "                                 kernel or vm (default container)\n"
     "  --max-sessions N               open sessions daemon-wide (default 64; 0 turns\n"
@@ -47,6 +56,27 @@ static const char usage_text[] =
     "                                 300000 = 5 min); a session no request names by its\n"
     "                                 first idle timeout ends `unclaimed`\n"
     "  --max-body-bytes N             largest request body (default 8388608 = 8 MiB)\n"
+    "  --cell-timeout-ms N            a cell's default deadline (default 30000)\n"
+    "  --cell-timeout-max-ms N        the longest a cell may ask for (default 120000)\n"
+    "  --snippet-timeout-ms N         a snippet's default deadline (default 5000)\n"
+    "  --snippet-timeout-max-ms N     the longest a snippet may ask for (default 30000)\n"
+    "  --memory-mb N                  memory of one sandbox, no swap (default 256)\n"
+    "  --pids N                       processes and threads of one sandbox (default 256)\n"
+    "  --cpus X                       CPUs of one sandbox, e.g. 1 or 0.5 (default 1; 0 = no cap)\n"
+    "  --work-mb N                    size of the /work tmpfs (default 128)\n"
+    "  --session-disk-mb N            a session's files, measured after each call; over it\n"
+    "                                 the session ends disk_exceeded (default 1024; 0 = off)\n"
+    "  --pool N                       warm sandboxes with interpreters started (default 2)\n"
+    "  --sandbox-uid N                uid (and gid) sandboxed code runs as when sandboxd is\n"
+    "                                 root (default 61000)\n"
+    "  --state-dir DIR                where sandboxes' host files go (default\n"
+    "                                 /run/berth-sandboxd as root, else $TMPDIR)\n"
+    "  --python PATH, --node PATH     the interpreters (default /usr/bin/python3,\n"
+    "                                 /usr/bin/node)\n"
+    "  --bwrap PATH, --runsc PATH     the sandbox tools (default /usr/bin/bwrap,\n"
+    "                                 /usr/bin/runsc)\n"
+    "  --runsc-platform NAME          gVisor platform (default ptrace; systrap or kvm where\n"
+    "                                 the runsc release and the machine have them)\n"
     "  --test-endpoints               serve POST /test/end-sessions and POST\n"
     "                                 /test/wait-ended (for client test suites only)\n"
     "  --help                         this text\n"
@@ -115,7 +145,9 @@ static bool valid_tier(const char *t)
 enum {
     OPT_LISTEN = 256, OPT_TOKEN_FILE, OPT_PROVIDER, OPT_ECHO_TIER, OPT_MAX_SESSIONS,
     OPT_PER_CALLER, OPT_PER_OWNER, OPT_LIFETIME, OPT_IDLE, OPT_MAX_BODY, OPT_TEST_ENDPOINTS,
-    OPT_HELP, OPT_VERSION,
+    OPT_HELP, OPT_VERSION, OPT_CELL_T, OPT_CELL_TMAX, OPT_SNIP_T, OPT_SNIP_TMAX, OPT_MEMORY,
+    OPT_PIDS, OPT_CPUS, OPT_WORK_MB, OPT_DISK_MB, OPT_POOL, OPT_UID, OPT_STATE_DIR, OPT_PYTHON,
+    OPT_NODE, OPT_BWRAP, OPT_RUNSC, OPT_PLATFORM,
 };
 
 static const struct option long_options[] = {
@@ -130,6 +162,23 @@ static const struct option long_options[] = {
     {"session-idle-ms", required_argument, NULL, OPT_IDLE},
     {"max-body-bytes", required_argument, NULL, OPT_MAX_BODY},
     {"test-endpoints", no_argument, NULL, OPT_TEST_ENDPOINTS},
+    {"cell-timeout-ms", required_argument, NULL, OPT_CELL_T},
+    {"cell-timeout-max-ms", required_argument, NULL, OPT_CELL_TMAX},
+    {"snippet-timeout-ms", required_argument, NULL, OPT_SNIP_T},
+    {"snippet-timeout-max-ms", required_argument, NULL, OPT_SNIP_TMAX},
+    {"memory-mb", required_argument, NULL, OPT_MEMORY},
+    {"pids", required_argument, NULL, OPT_PIDS},
+    {"cpus", required_argument, NULL, OPT_CPUS},
+    {"work-mb", required_argument, NULL, OPT_WORK_MB},
+    {"session-disk-mb", required_argument, NULL, OPT_DISK_MB},
+    {"pool", required_argument, NULL, OPT_POOL},
+    {"sandbox-uid", required_argument, NULL, OPT_UID},
+    {"state-dir", required_argument, NULL, OPT_STATE_DIR},
+    {"python", required_argument, NULL, OPT_PYTHON},
+    {"node", required_argument, NULL, OPT_NODE},
+    {"bwrap", required_argument, NULL, OPT_BWRAP},
+    {"runsc", required_argument, NULL, OPT_RUNSC},
+    {"runsc-platform", required_argument, NULL, OPT_PLATFORM},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -158,6 +207,22 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
     c->lifetime_ms = 30u * 60u * 1000u;
     c->idle_ms = 5u * 60u * 1000u;
     c->max_body_bytes = 8u << 20;
+    c->cell_timeout_ms = 30000;
+    c->cell_timeout_max_ms = 120000;
+    c->snippet_timeout_ms = 5000;
+    c->snippet_timeout_max_ms = 30000;
+    c->memory_mb = 256;
+    c->pids = 256;
+    c->cpus = 1.0;
+    c->work_mb = 128;
+    c->disk_mb = 1024;
+    c->pool = 2;
+    c->sandbox_uid = 61000;
+    c->python_path = sbx_xstrdup("/usr/bin/python3");
+    c->node_path = sbx_xstrdup("/usr/bin/node");
+    c->bwrap_path = sbx_xstrdup("/usr/bin/bwrap");
+    c->runsc_path = sbx_xstrdup("/usr/bin/runsc");
+    c->runsc_platform = sbx_xstrdup("ptrace");
 
     opterr = 0; /* we print our own messages */
     optind = 1;
@@ -225,6 +290,71 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
         case OPT_TEST_ENDPOINTS:
             c->test_endpoints = true;
             break;
+        case OPT_CELL_T:
+        case OPT_CELL_TMAX:
+        case OPT_SNIP_T:
+        case OPT_SNIP_TMAX: {
+            static const char *const names[] = {"cell-timeout-ms", "cell-timeout-max-ms",
+                                                "snippet-timeout-ms", "snippet-timeout-max-ms"};
+            uint32_t *fields[] = {&c->cell_timeout_ms, &c->cell_timeout_max_ms,
+                                  &c->snippet_timeout_ms, &c->snippet_timeout_max_ms};
+            if (!set_u32(names[opt - OPT_CELL_T], optarg, 100, 300000, fields[opt - OPT_CELL_T]))
+                return 2;
+            break;
+        }
+        case OPT_MEMORY:
+            if (!set_u32("memory-mb", optarg, 32, 1u << 20, &c->memory_mb))
+                return 2;
+            break;
+        case OPT_PIDS:
+            if (!set_u32("pids", optarg, 16, 1u << 20, &c->pids))
+                return 2;
+            break;
+        case OPT_CPUS: {
+            char *end;
+            errno = 0;
+            double cpus = strtod(optarg, &end);
+            if (errno || *end || end == optarg || cpus < 0 || cpus > 1024) {
+                usage_error("--cpus takes a number of CPUs in 0..1024 (0 = no cap), not \"%s\"",
+                            optarg);
+                return 2;
+            }
+            c->cpus = cpus;
+            break;
+        }
+        case OPT_WORK_MB:
+            if (!set_u32("work-mb", optarg, 1, 1u << 20, &c->work_mb))
+                return 2;
+            break;
+        case OPT_DISK_MB:
+            if (!set_u32("session-disk-mb", optarg, 0, 1u << 20, &c->disk_mb))
+                return 2;
+            break;
+        case OPT_POOL:
+            if (!set_u32("pool", optarg, 0, 64, &c->pool))
+                return 2;
+            break;
+        case OPT_UID:
+            if (!set_u32("sandbox-uid", optarg, 1, 4000000000u, &c->sandbox_uid))
+                return 2;
+            break;
+        case OPT_STATE_DIR:
+        case OPT_PYTHON:
+        case OPT_NODE:
+        case OPT_BWRAP:
+        case OPT_RUNSC:
+        case OPT_PLATFORM: {
+            char **fields[] = {&c->state_dir, &c->python_path, &c->node_path, &c->bwrap_path,
+                               &c->runsc_path, &c->runsc_platform};
+            char **field = fields[opt - OPT_STATE_DIR];
+            if (!*optarg || (opt != OPT_PLATFORM && optarg[0] != '/')) {
+                usage_error("%s takes an absolute path", argv[optind - 1]);
+                return 2;
+            }
+            free(*field);
+            *field = sbx_xstrdup(optarg);
+            break;
+        }
         case OPT_HELP:
             fputs(usage_text, stdout);
             return 1;
@@ -251,8 +381,11 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
         usage_error("%s", "--token-file FILE is required");
         return 2;
     }
-    if (!c->provider) {
-        usage_error("%s", "--provider is required (echo)");
+    if (!c->provider)
+        c->provider = sbx_xstrdup("auto");
+    if (c->cell_timeout_ms > c->cell_timeout_max_ms ||
+        c->snippet_timeout_ms > c->snippet_timeout_max_ms) {
+        usage_error("%s", "a default timeout is over its maximum");
         return 2;
     }
     return 0;
@@ -318,6 +451,12 @@ void sbx_config_free(sbx_config *c)
     free(c->token_file);
     free(c->provider);
     free(c->echo_tier);
+    free(c->state_dir);
+    free(c->python_path);
+    free(c->node_path);
+    free(c->bwrap_path);
+    free(c->runsc_path);
+    free(c->runsc_platform);
     if (c->token_hashes)
         OPENSSL_cleanse(c->token_hashes, c->n_tokens * sizeof *c->token_hashes);
     free(c->token_hashes);

@@ -15,7 +15,7 @@ typedef struct sbx_config {
     char *listen_host;          /* as given, without brackets ("127.0.0.1", "::1") */
     char *listen_port;          /* decimal; "0" picks a free port */
     char *token_file;
-    char *provider;             /* "echo" */
+    char *provider;             /* auto, gvisor, bwrap, process or echo */
     char *echo_tier;            /* process, container, kernel or vm */
     uint32_t max_sessions;      /* daemon-wide; 0 turns sessions off */
     uint32_t max_per_caller;    /* 0 = no cap */
@@ -24,6 +24,15 @@ typedef struct sbx_config {
     uint32_t idle_ms;           /* 0 = never suspend */
     size_t max_body_bytes;
     bool test_endpoints;
+    /* the providers that run code (process, bwrap, gvisor): limits (daemon.md §6, §7, §8) */
+    uint32_t cell_timeout_ms, cell_timeout_max_ms;       /* 30 s, 120 s */
+    uint32_t snippet_timeout_ms, snippet_timeout_max_ms; /* 5 s, 30 s */
+    uint32_t memory_mb, pids, work_mb, disk_mb;          /* 256, 256, 128, 1024 (0 = none) */
+    double cpus;                                         /* 1 */
+    uint32_t pool;                                       /* warm sandboxes, 2 */
+    uint32_t sandbox_uid;                                /* 61000 (when root) */
+    char *state_dir;                                     /* NULL: see sbxstate.h */
+    char *python_path, *node_path, *bwrap_path, *runsc_path, *runsc_platform;
     /* SHA-256 of each token of the token file: the tokens themselves are not kept. */
     unsigned char (*token_hashes)[32];
     size_t n_tokens;

@@ -76,6 +76,30 @@ static bool smoke_test(sbx_app *app)
     return true;
 }
 
+/* Creates and smoke-tests the named providers in order and keeps the first that passed
+ * (--provider auto: the strongest tier this machine supports). */
+static bool start_provider(sbx_app *app, const char *const *names)
+{
+    for (; *names; names++) {
+        const sbx_provider_ops *ops = sbx_provider_find(*names);
+        char *why = NULL;
+        sbx_provider *p = ops->create(app->loop, app->cfg, &why);
+        if (!p) {
+            sbx_log("provider %s would not start: %s", *names, why ? why : "?");
+            free(why);
+            continue;
+        }
+        app->ops = ops;
+        app->provider = p;
+        app->facts = ops->facts(p);
+        if (smoke_test(app))
+            return true;
+        ops->destroy(p);
+        app->provider = NULL;
+    }
+    return false;
+}
+
 /* ---------------------------------------------------------------- drain */
 
 static void maybe_finish(daemon_state *d)
@@ -136,10 +160,12 @@ int main(int argc, char **argv)
         sbx_config_free(&cfg);
         return rc == 1 ? 0 : 2;
     }
-    const sbx_provider_ops *ops = sbx_provider_find(cfg.provider);
-    if (!ops) {
+    static const char *const auto_order[] = {"gvisor", "bwrap", NULL};
+    const char *const chosen[] = {cfg.provider, NULL};
+    bool auto_pick = strcmp(cfg.provider, "auto") == 0;
+    if (!auto_pick && !sbx_provider_find(cfg.provider)) {
         fprintf(stderr, "sandboxd: unknown provider \"%s\" (available: %s)\n\n"
-                        "usage: sandboxd --listen HOST:PORT --token-file FILE --provider echo "
+                        "usage: sandboxd --listen HOST:PORT --token-file FILE [--provider NAME] "
                         "[options]; see --help\n", cfg.provider, sbx_provider_names());
         sbx_config_free(&cfg);
         return 2;
@@ -155,21 +181,13 @@ int main(int argc, char **argv)
     sbx_app *app = &d.app;
     app->loop = ev_default_loop(EVFLAG_AUTO);
     app->cfg = &cfg;
-    app->ops = ops;
+    if (!start_provider(app, auto_pick ? auto_order : chosen)) {
+        sbx_log("no provider passed its smoke test (--provider %s)", cfg.provider);
+        sbx_config_free(&cfg);
+        return 1;
+    }
+    const sbx_provider_ops *ops = app->ops;
     char *why = NULL;
-    app->provider = ops->create(app->loop, &cfg, &why);
-    if (!app->provider) {
-        sbx_log("provider %s would not start: %s", cfg.provider, why ? why : "?");
-        free(why);
-        sbx_config_free(&cfg);
-        return 1;
-    }
-    app->facts = ops->facts(app->provider);
-    if (!smoke_test(app)) {
-        ops->destroy(app->provider);
-        sbx_config_free(&cfg);
-        return 1;
-    }
     app->sessions = sbx_registry_new(app->loop, &cfg, ops, app->provider);
     if (cfg.test_endpoints)
         app->testep = sbx_testep_new(app);

@@ -1,7 +1,7 @@
 /*
  * proc.h — child processes on the daemon's loop: start one with chosen stdio and a
- * set-up step run in the child, learn of its exit through a pidfd (no SIGCHLD
- * handler, no waitpid(-1) that could reap someone else's child), and run short helper
+ * set-up step run in the child, learn of its exit (an ev_child watcher: libev's default
+ * loop reaps every child on SIGCHLD, so that is where statuses are), and run short helper
  * commands (runsc pause, runsc delete) with a time bound and their stderr kept.
  */
 #ifndef SBX_PROC_H
@@ -35,9 +35,9 @@ typedef struct sbx_spawn {
  * an exec or a preexec error, shows as exit status 127 with a line on fd2). */
 pid_t sbx_spawn_process(const sbx_spawn *sp);
 
-/* Watches `pid` (a child of ours); `cb` runs once from the loop when it exited and was
- * reaped.  Returns NULL when no watch could be set (the pid is then reaped at once
- * if it already exited; otherwise the caller must kill and reap it). */
+/* Watches `pid` (a child of ours, started in this loop iteration); `cb` runs once from
+ * the loop with its status when it exited and was reaped.  The loop must be the
+ * default loop. */
 sbx_watch *sbx_watch_child(struct ev_loop *loop, pid_t pid, sbx_exit_cb cb, void *ud);
 /* Stops watching without reaping (the caller takes over). */
 void sbx_watch_cancel(sbx_watch *w);
@@ -51,7 +51,8 @@ void sbx_cmd_run(struct ev_loop *loop, const char *const *argv, double timeout_s
 /* The same, blocking (start-up checks and the final clean-up after the loop ended). */
 int sbx_cmd_run_sync(const char *const *argv, double timeout_s, char *err, size_t err_len);
 
-/* Blocking wait for a child with a bound; SIGKILL at the bound.  Returns the status. */
+/* Blocking wait for a child with a bound; SIGKILL at the bound.  Returns the status
+ * (only while the loop does not run: it would reap the child first). */
 int sbx_wait_bounded(pid_t pid, double timeout_s);
 
 #endif

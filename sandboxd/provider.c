@@ -10,9 +10,15 @@
 #include <string.h>
 
 extern const sbx_provider_ops sbx_echo_provider;
+extern const sbx_provider_ops sbx_gvisor_provider;
+extern const sbx_provider_ops sbx_bwrap_provider;
+extern const sbx_provider_ops sbx_process_provider;
 
 static const sbx_provider_ops *const providers[] = {
     &sbx_echo_provider,
+    &sbx_gvisor_provider,
+    &sbx_bwrap_provider,
+    &sbx_process_provider,
 };
 
 const sbx_provider_ops *sbx_provider_find(const char *name)
@@ -25,7 +31,7 @@ const sbx_provider_ops *sbx_provider_find(const char *name)
 
 const char *sbx_provider_names(void)
 {
-    return "echo";
+    return "auto, gvisor, bwrap, process, echo";
 }
 
 sbx_result *sbx_result_new(sbx_kind kind)

@@ -194,7 +194,8 @@ typedef struct sbx_provider_ops {
 
 /* The providers compiled in; NULL when `name` is none of them. */
 const sbx_provider_ops *sbx_provider_find(const char *name);
-/* "echo" (for messages). */
+/* "auto, gvisor, bwrap, process, echo" (for messages).  "auto" is no provider of its
+ * own: the daemon tries gvisor, then bwrap, and serves the first whose smoke test passes. */
 const char *sbx_provider_names(void);
 
 #endif

@@ -7,37 +7,36 @@
  * stdin and reads frames from its stdout; its stderr goes to the daemon's log.
  *
  * A frame is a 4-byte little-endian length N, then N bytes: a type byte, a language
- * byte (SUP_LANG_*) and the payload.  Integers in payloads are little-endian.  The
- * cell's own stdout and stderr never share a channel with frames: each interpreter
- * has separate pipes for its stdout, its stderr, its requests and its replies, and the
- * supervisor copies the streams into SUP_OUT / SUP_ERR frames, so nothing a cell
- * prints can look like a frame.  The daemon still treats every frame as untrusted
- * input (sizes bounded, states checked): code in the sandbox may be hostile.
+ * byte (SUP_LANG_*) and the payload.  Integers in payloads are little-endian.
+ *
+ * Cells do not pass through the supervisor.  Each language has four FIFOs on the host
+ * (made by the daemon, which holds them open read-write, and bound into the sandbox as
+ * <io>/<py|js>-<req|rep|out|err>): the kernel reads requests from `req` and writes
+ * replies to `rep` (kernels/kernel.py), its stdout and stderr are `out` and `err`.  So
+ * a warm cell is one write by the daemon, one wake-up in the sandbox and the kernel's
+ * own writes back; the cell's output never shares a channel with a frame, and nothing a
+ * cell prints can look like one.  The daemon still treats every frame, from the
+ * supervisor or a kernel, as untrusted input: code in the sandbox may be hostile.
  *
  * Daemon -> supervisor:
- *   SUP_START lang                 start that language's interpreter
- *   SUP_CELL lang                  u32 out_cap, u32 err_cap, nonce[32], u32 n_files,
- *                                  n_files x (u32 path_len, path, u32 len, content),
- *                                  then the code (the rest)
- *   SUP_KILL lang                  SIGKILL the interpreter (or the snippet: SUP_LANG_EXEC)
- *   SUP_SWEEP                      kill every stray process, measure the disk
- *   SUP_EXEC                       u32 out_cap, u32 err_cap, then the snippet
- *                                  (stdin of a fresh `node -`)
+ *   SUP_START lang                 token[32]: start that language's kernel (it answers
+ *                                  "R" + token on its `rep` FIFO once ready)
+ *   SUP_FILES lang                 u32 n_files, n_files x (u32 path_len, path, u32 len,
+ *                                  content): write a cell's files into the work directory
+ *   SUP_KILL lang                  SIGKILL the kernel (or the snippet: SUP_LANG_EXEC)
+ *   SUP_SWEEP                      u8 measure: kill every stray process, measure the disk
+ *   SUP_EXEC                       u32 out_cap, u32 err_cap, then the snippet (stdin of a
+ *                                  fresh `node -`, whose output the supervisor relays)
  * Supervisor -> daemon:
  *   SUP_HELLO                      u32 protocol version: hardened and serving
- *   SUP_STARTED lang               u32 pid: the interpreter is ready
- *   SUP_OUT / SUP_ERR lang         a piece of the running cell's (snippet's) stdout /
- *                                  stderr, within its cap
- *   SUP_DONE lang                  u8 status (0 ran, 1 raised, 75 no interpreter), u8
- *                                  stdout cut, u8 stderr cut
- *   SUP_EXITED lang                i32 wait status, u8 phase (SUP_PHASE_*), u8 stdout
- *                                  cut, u8 stderr cut, text (why, or what it printed
- *                                  while starting)
- *   SUP_FILES_FAILED lang          u32 file index, errno-style code ("EPATH"): the code
- *                                  was not run
+ *   SUP_EXITED lang                i32 wait status, text: the kernel ended (or could not
+ *                                  start: the text says why)
+ *   SUP_FILES_DONE lang            u32 failed file index (UINT32_MAX: all written), then
+ *                                  an errno-style code ("EPATH") when one failed
  *   SUP_SWEPT                      u32 processes killed, u8 clean (all strays proven
- *                                  gone), u64 bytes used on the sandbox's writable
- *                                  file systems
+ *                                  gone), u64 bytes used on the sandbox's writable file
+ *                                  systems (0 when not measured)
+ *   SUP_OUT / SUP_ERR              (SUP_LANG_EXEC) the snippet's stdout / stderr, within caps
  *   SUP_EXEC_DONE                  i32 wait status, u8 stdout cut, u8 stderr cut
  */
 #ifndef SBX_SUP_PROTO_H
@@ -47,27 +46,24 @@
 #include <stdint.h>
 #include <string.h>
 
-#define SUP_PROTOCOL 1u
+#define SUP_PROTOCOL 2u
 #define SUP_NONCE_LEN 32
 /* The largest frame each side accepts: a cell carries up to 4 MiB of files and a code
  * string bounded by the request body (--max-body-bytes, at most 1 GiB, default 8 MiB). */
 #define SUP_MAX_DOWN_FRAME (64u << 20)
 #define SUP_MAX_UP_FRAME (256u << 10)
+#define SUP_TOKEN_LEN 32
 #define SUP_CHUNK (64u << 10)          /* largest SUP_OUT / SUP_ERR payload */
 
 enum { SUP_LANG_NONE = 0, SUP_LANG_JS = 1, SUP_LANG_PY = 2, SUP_LANG_EXEC = 3 };
 
 enum {
-    SUP_START = 1, SUP_CELL, SUP_KILL, SUP_SWEEP, SUP_EXEC,
-    SUP_HELLO = 64, SUP_STARTED, SUP_OUT, SUP_ERR, SUP_DONE, SUP_EXITED, SUP_FILES_FAILED,
-    SUP_SWEPT, SUP_EXEC_DONE,
+    SUP_START = 1, SUP_FILES, SUP_KILL, SUP_SWEEP, SUP_EXEC,
+    SUP_HELLO = 64, SUP_EXITED, SUP_FILES_DONE, SUP_SWEPT, SUP_OUT, SUP_ERR, SUP_EXEC_DONE,
 };
 
-/* Where an interpreter was when it ended. */
-enum { SUP_PHASE_IDLE = 0, SUP_PHASE_STARTING = 1, SUP_PHASE_RUNNING = 2 };
-
-/* Cell statuses in SUP_DONE. */
-enum { SUP_STATUS_RAN = 0, SUP_STATUS_RAISED = 1, SUP_STATUS_NO_INTERPRETER = 75 };
+#define SUP_FILES_ALL_WRITTEN 0xFFFFFFFFu
+#define SUP_KERNEL_MAX_REPLY 64      /* a kernel's reply frame body is never longer */
 
 static inline void sup_put32(unsigned char *p, uint32_t v)
 {

@@ -5,33 +5,31 @@
  * its PID namespace under bubblewrap and gVisor (orphans are reparented to it, and
  * nothing inside can signal it), a child subreaper under the process provider.  It:
  *   - hardens the sandbox from the inside where the provider asks for it (bubblewrap:
- *     mounts the noexec, nosuid, sized tmpfs file systems, drops every capability,
- *     sets no_new_privs and installs the seccomp filter; everywhere: not dumpable,
- *     resource limits), then says HELLO;
- *   - starts one persistent interpreter per language on request, with the kernel
- *     passed in argv and four pipes (stdout, stderr, requests, replies), and relays
- *     a running cell's output to the daemon within its caps (prefix kept, the rest
- *     counted and dropped; output between cells is read and dropped);
- *   - writes a cell's files into the work directory, resolved without following links,
- *     before the code is sent;
- *   - kills an interpreter on request (the daemon's deadline), runs snippets in a fresh
- *     `node -`, and sweeps after every call: every process but itself and the live
- *     interpreters is killed, then the disk is measured.
- * Protocol: sup_proto.h.  One thread, one poll loop; writes to the daemon block
- * (the daemon always reads), writes to interpreters are queued (a wedged interpreter
- * cannot wedge the supervisor).  The daemon's EOF ends the sandbox: everything is
- * killed and the supervisor exits.
+ *     mounts the noexec, nosuid, sized tmpfs file systems in a mount namespace of its
+ *     own, drops every capability, sets no_new_privs and installs the seccomp filter;
+ *     everywhere: not dumpable, resource limits), then says HELLO;
+ *   - starts one persistent kernel per language on request, with its stdout and stderr
+ *     on the language's FIFOs (the kernel opens its request and reply FIFOs itself, so
+ *     cells go from the daemon to the kernel and back without passing through here);
+ *   - writes a cell's files into the work directory, resolved without following links;
+ *   - kills a kernel on request (the daemon's deadline) and reports every kernel's end;
+ *   - runs snippets in a fresh `node -`, relaying their output within caps;
+ *   - sweeps after every call: every process but itself and the live kernels is killed
+ *     (proven gone by a scan of /proc), then the disk is measured.
+ * Protocol: sup_proto.h.  One thread, one poll loop; writes to the daemon block (the
+ * daemon always reads), a snippet's stdin is fed without blocking.  The daemon's EOF
+ * ends the sandbox: everything is killed and the supervisor exits.
  */
 #include "kernels.h"
 #include "seccomp.h"
 #include "sup_proto.h"
 
 #include <dirent.h>
-#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -44,48 +42,36 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define N_CHILDREN 4              /* indexed by SUP_LANG_*; 0 unused */
-#define START_ERR_KEEP 2048
-#define DRAIN_LIMIT (1u << 20)    /* bytes read from a pipe after a cell's end */
 #define SWEEP_ROUNDS 50
 #define WALK_LIMIT 200000
 
 typedef struct opts {
     const char *mode;             /* bwrap, gvisor, process */
-    const char *work;
+    const char *work, *io;
     const char *python, *node;
     unsigned work_mb, tmp_mb, shm_mb, mem_mb, nofile, nproc, as_mb;
-    bool mount_tmpfs, drop_caps, seccomp, subreaper, walk_disk;
+    bool mount_tmpfs, drop_caps, seccomp, subreaper, walk_disk, count_tasks;
 } opts;
 
-typedef struct outq {             /* bytes waiting for a non-blocking fd */
-    unsigned char *data;
-    size_t len, off;
-    bool close_after;             /* a snippet's stdin: closed once written */
-} outq;
-
-typedef struct child {
-    int lang;
-    pid_t pid;                    /* 0: none */
-    int phase;                    /* SUP_PHASE_*, or -1 when none */
-    int in_w, ctl_r, out_r, err_r;
-    outq inq;
-    unsigned char *ctl;           /* frames from the kernel */
-    size_t ctl_len, ctl_cap;
-    char nonce[SUP_NONCE_LEN];
-    uint32_t out_cap, err_cap;
-    uint64_t out_n, err_n;
-    char start_err[START_ERR_KEEP];
-    size_t start_err_len;
-    const char *broke;            /* why the supervisor killed it, or NULL */
-} child;
+typedef struct snippet {          /* a `node -` run (SUP_EXEC) */
+    pid_t pid;
+    int in_w, out_r, err_r;
+    unsigned char *in;            /* the code, fed to its stdin */
+    size_t in_len, in_off;
+    uint32_t cap[2];
+    uint64_t n[2];
+    unsigned char *kept[2];
+    size_t kept_len[2];
+} snippet;
 
 static opts O;
-static child kids[N_CHILDREN];
+static pid_t kernel[3];           /* by SUP_LANG_JS / SUP_LANG_PY; 0: none */
+static snippet snip;
 static int sigfd = -1;
 static int workfd = -1;
 static unsigned char *down;       /* frames from the daemon */
@@ -120,12 +106,11 @@ static void write_all(int fd, const void *data, size_t len)
     }
 }
 
-/* One frame to the daemon: header and payload in one write where they fit. */
+/* One frame to the daemon, in one write where it fits. */
 static void send_frame(int type, int lang, const void *payload, size_t len)
 {
     unsigned char buf[8192];
-    size_t total = 2 + len;
-    sup_put32(buf, (uint32_t)total);
+    sup_put32(buf, (uint32_t)(2 + len));
     buf[4] = (unsigned char)type;
     buf[5] = (unsigned char)lang;
     if (len <= sizeof buf - 6) {
@@ -138,13 +123,6 @@ static void send_frame(int type, int lang, const void *payload, size_t len)
     }
 }
 
-static void set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
 static void close_fd(int *fd)
 {
     if (*fd >= 0)
@@ -152,28 +130,15 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-static void outq_add(outq *q, const void *data, size_t len)
-{
-    if (q->off == q->len) {
-        q->off = q->len = 0;
-    }
-    unsigned char *d = realloc(q->data, q->len + len);
-    if (!d)
-        die("out of memory%s", NULL);
-    q->data = d;
-    memcpy(q->data + q->len, data, len);
-    q->len += len;
-}
-
-static void outq_clear(outq *q)
-{
-    free(q->data);
-    memset(q, 0, sizeof *q);
-}
-
 static unsigned parse_uint(const char *s)
 {
     return (unsigned)strtoul(s, NULL, 10);
+}
+
+static void set_limit(int resource, rlim_t v)
+{
+    struct rlimit r = {v, v};
+    setrlimit(resource, &r);
 }
 
 /* ---------------------------------------------------------------- hardening */
@@ -204,12 +169,6 @@ static void drop_capabilities(void)
     memset(d, 0, sizeof d);
     if (syscall(SYS_capset, &h, d) != 0)
         die("capset%s: %s", NULL);
-}
-
-static void set_limit(int resource, rlim_t v)
-{
-    struct rlimit r = {v, v};
-    setrlimit(resource, &r);
 }
 
 static void harden(void)
@@ -253,232 +212,242 @@ static void harden(void)
         die("work directory %s: %s", O.work);
 }
 
-/* ---------------------------------------------------------------- children */
-
-static void child_reset(child *k)
-{
-    close_fd(&k->in_w);
-    close_fd(&k->ctl_r);
-    close_fd(&k->out_r);
-    close_fd(&k->err_r);
-    outq_clear(&k->inq);
-    free(k->ctl);
-    int lang = k->lang;
-    memset(k, 0, sizeof *k);
-    k->lang = lang;
-    k->phase = -1;
-    k->in_w = k->ctl_r = k->out_r = k->err_r = -1;
-}
+/* ---------------------------------------------------------------- processes */
 
 static const char *const child_env[] = {
     "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "TMPDIR=/tmp",
     "PYTHONIOENCODING=utf-8", NULL, NULL,
 };
 
-/* Moves `fd` to at least 10 (close-on-exec), so dup2 onto 0..4 never meets itself. */
+/* Moves `fd` to at least 10 (close-on-exec), so dup2 onto 0..2 never meets itself. */
 static int high(int fd)
 {
-    int h = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    int h = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 10);
     return h < 0 ? fd : h;
 }
 
-/* Starts argv with fd 0 = stdin_r (or /dev/null), 1/2 = pipes, 3/4 = ctl pipes when
- * ctl is set.  Returns 0 or -1 (errno). */
-static int spawn(child *k, char *const argv[], bool ctl, bool with_stdin)
+/* Forks and execs argv with fds 0, 1, 2 (-1: /dev/null) in a process group of its own.
+ * Returns the pid, or -1 (errno). */
+static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limit)
 {
-    int in[2] = {-1, -1}, req[2] = {-1, -1}, rep[2] = {-1, -1}, out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0)
-        return -1;
-    if (pipe2(err, O_CLOEXEC) != 0) {
-        close(out[0]);
-        close(out[1]);
-        return -1;
-    }
-    if ((with_stdin && pipe2(in, O_CLOEXEC) != 0) ||
-        (ctl && (pipe2(req, O_CLOEXEC) != 0 || pipe2(rep, O_CLOEXEC) != 0))) {
-        int e = errno;
-        int all[] = {out[0], out[1], err[0], err[1], in[0], in[1], req[0], req[1], rep[0], rep[1]};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (all[i] >= 0)
-                close(all[i]);
-        errno = e;
-        return -1;
-    }
     char home[600];
     snprintf(home, sizeof home, "HOME=%s", O.work);
     const char *env[sizeof child_env / sizeof child_env[0]];
     memcpy(env, child_env, sizeof env);
     env[5] = home;
     pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        int all[] = {out[0], out[1], err[0], err[1], in[0], in[1], req[0], req[1], rep[0], rep[1]};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (all[i] >= 0)
-                close(all[i]);
-        errno = e;
-        return -1;
-    }
-    if (pid == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        setsid(); /* its own process group: a kill reaches what it started */
-        int i0 = with_stdin ? high(in[0]) : open("/dev/null", O_RDONLY | O_CLOEXEC);
-        int o1 = high(out[1]), e2 = high(err[1]);
-        int r3 = ctl ? high(req[0]) : -1, w4 = ctl ? high(rep[1]) : -1;
-        if (i0 < 0 || dup2(i0, 0) < 0 || dup2(o1, 1) < 0 || dup2(e2, 2) < 0 ||
-            (ctl && (dup2(r3, 3) < 0 || dup2(w4, 4) < 0)))
-            _exit(126);
-        syscall(SYS_close_range, ctl ? 5 : 3, ~0u, 0);
-        if (O.as_mb && k->lang == SUP_LANG_PY)
-            set_limit(RLIMIT_AS, (rlim_t)O.as_mb << 20);
-        execve(argv[0], argv, (char *const *)env);
-        char msg[300];
-        int n = snprintf(msg, sizeof msg, "cannot start %s: %s\n", argv[0], strerror(errno));
-        (void)!write(2, msg, (size_t)n);
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    if (with_stdin)
-        close(in[0]);
-    if (ctl) {
-        close(req[0]);
-        close(rep[1]);
-    }
-    k->pid = pid;
-    k->out_r = out[0];
-    k->err_r = err[0];
-    k->in_w = with_stdin ? in[1] : ctl ? req[1] : -1;
-    k->ctl_r = ctl ? rep[0] : -1;
-    set_nonblock(k->out_r);
-    set_nonblock(k->err_r);
-    if (k->in_w >= 0)
-        set_nonblock(k->in_w);
-    if (k->ctl_r >= 0)
-        set_nonblock(k->ctl_r);
-    return 0;
+    if (pid != 0)
+        return pid;
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    setsid(); /* its own process group: a kill reaches what it started */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int f0 = high(fd0 >= 0 ? fd0 : null), f1 = high(fd1 >= 0 ? fd1 : null),
+        f2 = high(fd2 >= 0 ? fd2 : null);
+    if (f0 < 0 || f1 < 0 || f2 < 0 || dup2(f0, 0) < 0 || dup2(f1, 1) < 0 || dup2(f2, 2) < 0)
+        _exit(126);
+    syscall(SYS_close_range, 3, ~0u, 0);
+    if (as_limit)
+        set_limit(RLIMIT_AS, as_limit);
+    execve(argv[0], argv, (char *const *)env);
+    char msg[300];
+    int n = snprintf(msg, sizeof msg, "cannot start %s: %s\n", argv[0], strerror(errno));
+    (void)!write(2, msg, (size_t)n);
+    _exit(127);
 }
 
-static void start_interpreter(int lang)
+static void report_exit(int lang, int status, const char *text)
 {
-    child *k = &kids[lang];
-    if (k->pid) { /* already there (the daemon asked twice): say so once it is ready */
-        if (k->phase == SUP_PHASE_IDLE) {
-            unsigned char p[4];
-            sup_put32(p, (uint32_t)k->pid);
-            send_frame(SUP_STARTED, lang, p, 4);
-        }
+    unsigned char p[4 + 256];
+    sup_put32(p, (uint32_t)status);
+    size_t n = text ? strlen(text) : 0;
+    if (n > 256)
+        n = 256;
+    memcpy(p + 4, text, n);
+    send_frame(SUP_EXITED, lang, p, 4 + n);
+}
+
+static void start_kernel(int lang, const unsigned char *token, size_t len)
+{
+    if (len != SUP_TOKEN_LEN || kernel[lang])
+        return; /* one kernel per language: the daemon knows */
+    const char *l = lang == SUP_LANG_PY ? "py" : "js";
+    char prefix[600], tok[SUP_TOKEN_LEN + 1], path[620];
+    snprintf(prefix, sizeof prefix, "%s/%s", O.io, l);
+    memcpy(tok, token, SUP_TOKEN_LEN);
+    tok[SUP_TOKEN_LEN] = '\0';
+    snprintf(path, sizeof path, "%s-out", prefix);
+    int out = open(path, O_WRONLY | O_CLOEXEC);
+    snprintf(path, sizeof path, "%s-err", prefix);
+    int err = open(path, O_WRONLY | O_CLOEXEC);
+    if (out < 0 || err < 0) {
+        char why[300];
+        snprintf(why, sizeof why, "cannot open the %s output FIFOs: %s", l, strerror(errno));
+        if (out >= 0)
+            close(out);
+        if (err >= 0)
+            close(err);
+        report_exit(lang, 127 << 8, why);
         return;
     }
-    child_reset(k);
     char heap[48];
     snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
-    char *py[] = {(char *)O.python, "-I", "-c", (char *)sbx_kernel_py, NULL};
+    char *py[] = {(char *)O.python, "-I", "-c", (char *)sbx_kernel_py, prefix, tok, NULL};
     char *js[] = {(char *)O.node, "--expose-internals", "--experimental-vm-modules",
-                  "--disable-warning=ExperimentalWarning", heap, "-e", (char *)sbx_kernel_js, NULL};
-    if (spawn(k, lang == SUP_LANG_PY ? py : js, true, false) != 0) {
-        unsigned char p[7 + 200];
-        sup_put32(p, (uint32_t)(127 << 8));
-        p[4] = SUP_PHASE_STARTING;
-        p[5] = p[6] = 0;
-        int n = snprintf((char *)p + 7, 200, "cannot start the interpreter: %s", strerror(errno));
-        send_frame(SUP_EXITED, lang, p, 7 + (size_t)n);
-        child_reset(k);
+                  "--disable-warning=ExperimentalWarning", heap, "-e", (char *)sbx_kernel_js,
+                  prefix, tok, NULL};
+    pid_t pid = spawn(lang == SUP_LANG_PY ? py : js, -1, out, err,
+                      lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0);
+    int e = errno;
+    close(out);
+    close(err);
+    if (pid < 0) {
+        char why[300];
+        snprintf(why, sizeof why, "cannot start the interpreter: %s", strerror(e));
+        report_exit(lang, 127 << 8, why);
         return;
     }
-    k->phase = SUP_PHASE_STARTING;
+    kernel[lang] = pid;
 }
 
-/* Forwards bytes of a running cell within its cap; counts the rest. */
-static void relay(child *k, int type, const unsigned char *data, size_t n)
+static void kill_group(pid_t pid)
 {
-    uint64_t *count = type == SUP_OUT ? &k->out_n : &k->err_n;
-    uint32_t cap = type == SUP_OUT ? k->out_cap : k->err_cap;
-    if (k->phase != SUP_PHASE_RUNNING) {
-        if (k->phase == SUP_PHASE_STARTING && type == SUP_ERR) { /* why it may not start */
-            size_t room = START_ERR_KEEP - k->start_err_len;
-            size_t take = n < room ? n : room;
-            memcpy(k->start_err + k->start_err_len, data, take);
-            k->start_err_len += take;
-        }
-        return; /* output between cells is dropped */
+    if (pid > 0) {
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
     }
-    size_t fwd = 0;
-    if (*count < cap)
-        fwd = cap - *count < n ? (size_t)(cap - *count) : n;
-    *count += n;
-    if (fwd)
-        send_frame(type, k->lang, data, fwd);
 }
 
-/* Reads what `fd` holds now (bounded), relaying it.  Returns false at EOF. */
-static bool pump(child *k, int *fd, int type, size_t limit)
+/* ---------------------------------------------------------------- snippets */
+
+static void snippet_reset(void)
 {
-    static unsigned char buf[SUP_CHUNK];
-    size_t got = 0;
-    while (*fd >= 0 && got < limit) {
+    close_fd(&snip.in_w);
+    close_fd(&snip.out_r);
+    close_fd(&snip.err_r);
+    free(snip.in);
+    free(snip.kept[0]);
+    free(snip.kept[1]);
+    memset(&snip, 0, sizeof snip);
+    snip.in_w = snip.out_r = snip.err_r = -1;
+}
+
+static void feed_snippet(void)
+{
+    while (snip.in_w >= 0 && snip.in_off < snip.in_len) {
+        ssize_t n = write(snip.in_w, snip.in + snip.in_off, snip.in_len - snip.in_off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            if (errno != EAGAIN)
+                close_fd(&snip.in_w); /* it closed its stdin */
+            return;
+        }
+        snip.in_off += (size_t)n;
+    }
+    close_fd(&snip.in_w); /* all of it: EOF */
+}
+
+/* Reads what a snippet's pipe holds now, keeping a prefix within the cap. */
+static void pump_snippet(int i)
+{
+    int *fd = i == 0 ? &snip.out_r : &snip.err_r;
+    unsigned char buf[SUP_CHUNK];
+    for (int rounds = 0; *fd >= 0 && rounds < 64; rounds++) {
         ssize_t n = read(*fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return true; /* EAGAIN: nothing more now */
+            return;
         if (n == 0) {
             close_fd(fd);
-            return false;
+            return;
         }
-        got += (size_t)n;
-        relay(k, type, buf, (size_t)n);
+        size_t take = 0;
+        if (snip.n[i] < snip.cap[i])
+            take = snip.cap[i] - snip.n[i] < (uint64_t)n ? (size_t)(snip.cap[i] - snip.n[i]) : (size_t)n;
+        snip.n[i] += (uint64_t)n;
+        if (take) {
+            unsigned char *k = realloc(snip.kept[i], snip.kept_len[i] + take);
+            if (!k)
+                die("out of memory%s", NULL);
+            memcpy(k + snip.kept_len[i], buf, take);
+            snip.kept[i] = k;
+            snip.kept_len[i] += take;
+        }
     }
-    return true;
 }
 
-static void drain(child *k)
+static void snippet_done(int status)
 {
-    pump(k, &k->out_r, SUP_OUT, DRAIN_LIMIT);
-    pump(k, &k->err_r, SUP_ERR, DRAIN_LIMIT);
+    pump_snippet(0);
+    pump_snippet(1);
+    for (int i = 0; i < 2; i++)
+        for (size_t off = 0; off < snip.kept_len[i];) {
+            size_t n = snip.kept_len[i] - off < SUP_CHUNK ? snip.kept_len[i] - off : SUP_CHUNK;
+            send_frame(i == 0 ? SUP_OUT : SUP_ERR, SUP_LANG_EXEC, snip.kept[i] + off, n);
+            off += n;
+        }
+    unsigned char p[6];
+    sup_put32(p, (uint32_t)status);
+    p[4] = snip.n[0] > snip.cap[0];
+    p[5] = snip.n[1] > snip.cap[1];
+    send_frame(SUP_EXEC_DONE, SUP_LANG_EXEC, p, 6);
+    kill(-snip.pid, SIGKILL); /* what it left in its group goes too */
+    snippet_reset();
 }
 
-static void kill_child(child *k, const char *why)
+static void start_snippet(const unsigned char *pl, size_t len)
 {
-    if (!k->pid)
-        return;
-    if (why && !k->broke)
-        k->broke = why;
-    kill(-k->pid, SIGKILL);
-    kill(k->pid, SIGKILL);
-}
-
-static void on_exit_of(child *k, int status)
-{
-    drain(k);
-    if (k->lang == SUP_LANG_EXEC) {
-        unsigned char p[6];
-        sup_put32(p, (uint32_t)status);
-        p[4] = k->out_n > k->out_cap;
-        p[5] = k->err_n > k->err_cap;
+    sup_reader r = {pl, len, 1};
+    uint32_t out_cap = sup_read32(&r), err_cap = sup_read32(&r);
+    if (!r.ok) {
+        errno = 0;
+        die("a malformed exec frame%s", NULL);
+    }
+    if (snip.pid)
+        return; /* one at a time: the daemon knows */
+    snippet_reset();
+    int in[2], out[2], err[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+        unsigned char p[6] = {0, 127, 0, 0, 0, 0};
         send_frame(SUP_EXEC_DONE, SUP_LANG_EXEC, p, 6);
-    } else {
-        unsigned char p[7 + START_ERR_KEEP];
-        sup_put32(p, (uint32_t)status);
-        p[4] = (unsigned char)(k->phase < 0 ? SUP_PHASE_IDLE : k->phase);
-        p[5] = k->out_n > k->out_cap;
-        p[6] = k->err_n > k->err_cap;
-        size_t n = 0;
-        if (k->broke) {
-            n = strlen(k->broke);
-            memcpy(p + 7, k->broke, n);
-        } else if (k->phase == SUP_PHASE_STARTING) {
-            n = k->start_err_len;
-            memcpy(p + 7, k->start_err, n);
-        }
-        send_frame(SUP_EXITED, k->lang, p, 7 + n);
+        return;
     }
-    /* Leftovers of its process group go too (the sweep would find them anyway). */
-    kill(-k->pid, SIGKILL);
-    child_reset(k);
+    char heap[48];
+    snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
+    char *argv[] = {(char *)O.node, heap, "-", NULL};
+    pid_t pid = spawn(argv, in[0], out[1], err[1], 0);
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        close(in[1]);
+        close(out[0]);
+        close(err[0]);
+        unsigned char p[6] = {0, 127, 0, 0, 0, 0};
+        send_frame(SUP_EXEC_DONE, SUP_LANG_EXEC, p, 6);
+        return;
+    }
+    snip.pid = pid;
+    snip.in_w = in[1];
+    snip.out_r = out[0];
+    snip.err_r = err[0];
+    fcntl(snip.in_w, F_SETFL, O_NONBLOCK);
+    fcntl(snip.out_r, F_SETFL, O_NONBLOCK);
+    fcntl(snip.err_r, F_SETFL, O_NONBLOCK);
+    snip.cap[0] = out_cap;
+    snip.cap[1] = err_cap;
+    if (r.left) {
+        snip.in = malloc(r.left);
+        if (!snip.in)
+            die("out of memory%s", NULL);
+        memcpy(snip.in, r.p, r.left);
+        snip.in_len = r.left;
+    }
+    feed_snippet();
 }
 
 static void reap(void)
@@ -488,71 +457,16 @@ static void reap(void)
         pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid <= 0)
             return;
-        for (int l = 1; l < N_CHILDREN; l++)
-            if (kids[l].pid == pid)
-                on_exit_of(&kids[l], status);
+        for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+            if (kernel[l] == pid) {
+                kernel[l] = 0;
+                kill(-pid, SIGKILL); /* what it started goes with it */
+                report_exit(l, status, NULL);
+            }
+        if (snip.pid == pid)
+            snippet_done(status);
     }
 }
-
-/* Frames from a kernel: "R" ready, "D" + status + nonce. */
-static void on_kernel_frames(child *k)
-{
-    unsigned char buf[4096];
-    for (;;) {
-        ssize_t n = read(k->ctl_r, buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            if (n == 0)
-                close_fd(&k->ctl_r); /* it closed its replies: it is going; SIGCHLD tells */
-            break;
-        }
-        if (k->ctl_len + (size_t)n > 4096) {
-            kill_child(k, "the interpreter broke the frame protocol (oversized reply)");
-            return;
-        }
-        if (k->ctl_cap < k->ctl_len + (size_t)n) {
-            k->ctl_cap = 4096;
-            unsigned char *c = realloc(k->ctl, k->ctl_cap);
-            if (!c)
-                die("out of memory%s", NULL);
-            k->ctl = c;
-        }
-        memcpy(k->ctl + k->ctl_len, buf, (size_t)n);
-        k->ctl_len += (size_t)n;
-    }
-    while (k->ctl_len >= 4) {
-        uint32_t size = sup_get32(k->ctl);
-        if (size == 0 || size > 64) {
-            kill_child(k, "the interpreter broke the frame protocol (bad reply length)");
-            return;
-        }
-        if (k->ctl_len < 4 + size)
-            break;
-        const unsigned char *body = k->ctl + 4;
-        if (body[0] == 'R' && size == 1 && k->phase == SUP_PHASE_STARTING) {
-            k->phase = SUP_PHASE_IDLE;
-            unsigned char p[4];
-            sup_put32(p, (uint32_t)k->pid);
-            send_frame(SUP_STARTED, k->lang, p, 4);
-        } else if (body[0] == 'D' && size == 2 + SUP_NONCE_LEN && k->phase == SUP_PHASE_RUNNING &&
-                   (body[1] == '0' || body[1] == '1') &&
-                   memcmp(body + 2, k->nonce, SUP_NONCE_LEN) == 0) {
-            drain(k); /* what the cell wrote before its end is in the pipes now */
-            unsigned char p[3] = {(unsigned char)(body[1] - '0'), k->out_n > k->out_cap,
-                                  k->err_n > k->err_cap};
-            k->phase = SUP_PHASE_IDLE;
-            send_frame(SUP_DONE, k->lang, p, 3);
-        } else {
-            kill_child(k, "the interpreter broke the frame protocol (a reply out of turn)");
-            return;
-        }
-        memmove(k->ctl, k->ctl + 4 + size, k->ctl_len - 4 - size);
-        k->ctl_len -= 4 + size;
-    }
-}
-
-static void flush_input(child *k);
 
 /* ---------------------------------------------------------------- files */
 
@@ -604,6 +518,11 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
             close(dir);
             return EINVAL;
         }
+        struct stat lst;
+        if (fstatat(dir, comp, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) {
+            close(dir); /* a link is never followed (every kernel says so the same way) */
+            return ELOOP;
+        }
         int next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (next < 0 && errno == ENOENT) {
             if (mkdirat(dir, comp, 0755) != 0 && errno != EEXIST) {
@@ -623,6 +542,11 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
     if (!*comp || !strcmp(comp, ".") || !strcmp(comp, "..")) {
         close(dir);
         return EINVAL;
+    }
+    struct stat lst;
+    if (fstatat(dir, comp, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) {
+        close(dir);
+        return ELOOP;
     }
     int fd = openat(dir, comp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     int e = errno;
@@ -654,21 +578,13 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
 
 /* ---------------------------------------------------------------- requests */
 
-static void on_cell(int lang, const unsigned char *pl, size_t len)
+static void write_files(int lang, const unsigned char *pl, size_t len)
 {
-    child *k = &kids[lang];
     sup_reader r = {pl, len, 1};
-    uint32_t out_cap = sup_read32(&r), err_cap = sup_read32(&r);
-    const unsigned char *nonce = sup_read_bytes(&r, SUP_NONCE_LEN);
     uint32_t n_files = sup_read32(&r);
-    if (!r.ok || n_files > 10000) {
+    if (!r.ok || n_files > 100000) {
         errno = 0;
-        die("a malformed cell frame%s", NULL);
-    }
-    if (k->phase != SUP_PHASE_IDLE) {
-        unsigned char p[3] = {SUP_STATUS_NO_INTERPRETER, 0, 0};
-        send_frame(SUP_DONE, lang, p, 3);
-        return;
+        die("a malformed files frame%s", NULL);
     }
     for (uint32_t i = 0; i < n_files; i++) {
         uint32_t plen = sup_read32(&r);
@@ -677,176 +593,175 @@ static void on_cell(int lang, const unsigned char *pl, size_t len)
         const unsigned char *content = sup_read_bytes(&r, clen);
         if (!r.ok) {
             errno = 0;
-            die("a malformed cell frame%s", NULL);
+            die("a malformed files frame%s", NULL);
         }
         int e = write_file(path, plen, content, clen);
         if (e) {
             const char *code = errno_code(e);
             unsigned char p[4 + 16];
-            sup_put32(p, i);
             size_t cl = strlen(code);
+            sup_put32(p, i);
             memcpy(p + 4, code, cl);
-            send_frame(SUP_FILES_FAILED, lang, p, 4 + cl);
+            send_frame(SUP_FILES_DONE, lang, p, 4 + cl); /* the rest is not written */
             return;
         }
     }
-    /* The request to the kernel: length, nonce, code. */
-    size_t code_len = r.left;
-    unsigned char head[4];
-    sup_put32(head, (uint32_t)(SUP_NONCE_LEN + code_len));
-    outq_add(&k->inq, head, 4);
-    outq_add(&k->inq, nonce, SUP_NONCE_LEN);
-    if (code_len)
-        outq_add(&k->inq, r.p, code_len);
-    memcpy(k->nonce, nonce, SUP_NONCE_LEN);
-    k->out_cap = out_cap;
-    k->err_cap = err_cap;
-    k->out_n = k->err_n = 0;
-    k->phase = SUP_PHASE_RUNNING;
-    flush_input(k);
-}
-
-static void on_exec(const unsigned char *pl, size_t len)
-{
-    child *k = &kids[SUP_LANG_EXEC];
-    sup_reader r = {pl, len, 1};
-    uint32_t out_cap = sup_read32(&r), err_cap = sup_read32(&r);
-    if (!r.ok) {
-        errno = 0;
-        die("a malformed exec frame%s", NULL);
-    }
-    if (k->pid) {
-        kill_child(k, NULL);
-        return;
-    }
-    child_reset(k);
-    char heap[48];
-    snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
-    char *argv[] = {(char *)O.node, heap, "-", NULL};
-    k->out_cap = out_cap;
-    k->err_cap = err_cap;
-    if (spawn(k, argv, false, true) != 0) {
-        unsigned char p[6];
-        sup_put32(p, (uint32_t)(127 << 8));
-        p[4] = p[5] = 0;
-        send_frame(SUP_EXEC_DONE, SUP_LANG_EXEC, p, 6);
-        child_reset(k);
-        return;
-    }
-    k->phase = SUP_PHASE_RUNNING;
-    if (r.left)
-        outq_add(&k->inq, r.p, r.left);
-    k->inq.close_after = true;
-    flush_input(k);
+    unsigned char p[4];
+    sup_put32(p, SUP_FILES_ALL_WRITTEN);
+    send_frame(SUP_FILES_DONE, lang, p, 4);
 }
 
 /* ---------------------------------------------------------------- sweep */
 
-typedef struct proc_info {
-    pid_t pid, ppid;
-    char state;
-} proc_info;
-
-/* Every process of /proc, read now.  Returns how many (into *out, malloc'd). */
-static size_t scan_proc(proc_info **out)
-{
-    size_t n = 0, cap = 64;
-    proc_info *v = malloc(cap * sizeof *v);
-    DIR *d = opendir("/proc");
-    if (!v || !d) {
-        free(v);
-        if (d)
-            closedir(d);
-        *out = NULL;
-        return (size_t)-1;
-    }
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0)
-            continue;
-        char path[64], buf[512];
-        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue; /* gone meanwhile */
-        ssize_t len = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        buf[len] = '\0';
-        char *rp = strrchr(buf, ')');
-        char st;
-        long ppid;
-        if (!rp || sscanf(rp + 1, " %c %ld", &st, &ppid) != 2)
-            continue;
-        if (n == cap) {
-            cap *= 2;
-            proc_info *w = realloc(v, cap * sizeof *v);
-            if (!w)
-                break;
-            v = w;
-        }
-        v[n++] = (proc_info){(pid_t)pid, (pid_t)ppid, st};
-    }
-    closedir(d);
-    *out = v;
-    return n;
-}
-
 static bool is_kept(pid_t pid)
 {
-    for (int l = 1; l < N_CHILDREN; l++)
-        if (kids[l].pid == pid && l != SUP_LANG_EXEC)
-            return true;
-    return false;
+    return pid > 0 && (pid == kernel[SUP_LANG_JS] || pid == kernel[SUP_LANG_PY]);
 }
 
-/* Kills every descendant of the supervisor but the live interpreters (their own
- * children included), until a scan finds none alive.  Returns how many were killed;
- * *clean tells whether the last scan proved them gone. */
+struct linux_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+/* The pids /proc lists now, or NULL.  /proc stays open between sweeps and is read
+ * with getdents64 directly: under gVisor's ptrace platform every system call costs
+ * tens of microseconds, and a sweep follows every call. */
+static pid_t *list_pids(size_t *n)
+{
+    static int procfd = -1;
+    static unsigned char buf[32768];
+    if (procfd < 0)
+        procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    size_t cap = 16;
+    pid_t *v = malloc(cap * sizeof *v);
+    *n = 0;
+    if (!v || procfd < 0 || lseek(procfd, 0, SEEK_SET) != 0) {
+        free(v);
+        return NULL;
+    }
+    for (;;) {
+        long got = syscall(SYS_getdents64, procfd, buf, sizeof buf);
+        if (got < 0) {
+            free(v);
+            return NULL;
+        }
+        if (got == 0)
+            return v;
+        for (long at = 0; at < got;) {
+            struct linux_dirent64 *e = (struct linux_dirent64 *)(buf + at);
+            at += e->d_reclen;
+            char *end;
+            long pid = strtol(e->d_name, &end, 10);
+            if (*end || pid <= 0)
+                continue;
+            if (*n == cap) {
+                cap *= 2;
+                pid_t *w = realloc(v, cap * sizeof *v);
+                if (!w) {
+                    free(v);
+                    return NULL;
+                }
+                v = w;
+            }
+            v[(*n)++] = (pid_t)pid;
+        }
+    }
+}
+
+/* Parent and state of a process, from /proc/<pid>/stat; false when it is gone. */
+static bool proc_stat(pid_t pid, pid_t *ppid, char *state)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return false;
+    buf[len] = '\0';
+    char *rp = strrchr(buf, ')');
+    long pp;
+    if (!rp || sscanf(rp + 1, " %c %ld", state, &pp) != 2)
+        return false;
+    *ppid = (pid_t)pp;
+    return true;
+}
+
+/* Kills every descendant of the supervisor but the live kernels (their own children
+ * included), until a scan finds none alive.  In a PID namespace of its own (PID 1)
+ * every other process is a descendant, and a scan that lists only the supervisor and
+ * the kernels is the proof, without reading any of them.  Returns how many were
+ * killed; *clean tells whether the last scan proved them gone. */
 static uint32_t sweep(bool *clean)
 {
     uint32_t killed = 0;
     pid_t self = getpid();
+    bool pid1 = self == 1;
     *clean = false;
-    /* A snippet still running (the daemon gave up on it) goes first. */
-    kill_child(&kids[SUP_LANG_EXEC], NULL);
+    kill_group(snip.pid); /* a snippet the daemon gave up on */
     for (int round = 0; round < SWEEP_ROUNDS; round++) {
-        reap();
-        proc_info *v;
-        size_t n = scan_proc(&v);
-        if (n == (size_t)-1)
+        if (round)
+            reap(); /* zombies show as such in the scan: no need before the first */
+        size_t n;
+        pid_t *v = list_pids(&n);
+        if (!v)
             return killed;
-        /* Mark the descendants of self (a few passes over the parent links). */
+        pid_t *ppid = calloc(n ? n : 1, sizeof *ppid);
+        char *state = calloc(n ? n : 1, 1);
         bool *desc = calloc(n ? n : 1, sizeof *desc);
-        if (!desc) {
+        if (!ppid || !state || !desc) {
             free(v);
+            free(ppid);
+            free(state);
+            free(desc);
             return killed;
-        }
-        for (bool grew = true; grew;) {
-            grew = false;
-            for (size_t i = 0; i < n; i++) {
-                if (desc[i] || v[i].pid == self)
-                    continue;
-                bool parent_in = v[i].ppid == self;
-                for (size_t j = 0; j < n && !parent_in; j++)
-                    parent_in = desc[j] && v[j].pid == v[i].ppid;
-                if (parent_in)
-                    desc[i] = grew = true;
-            }
         }
         size_t strays = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!desc[i] || is_kept(v[i].pid) || v[i].state == 'Z' || v[i].state == 'X')
+            if (v[i] == self)
                 continue;
+            if (pid1) { /* everyone here descends from PID 1 */
+                desc[i] = !is_kept(v[i]);
+            } else if (!proc_stat(v[i], &ppid[i], &state[i])) {
+                continue; /* gone meanwhile */
+            }
+        }
+        if (!pid1) { /* mark the descendants of self through the parent links */
+            for (size_t i = 0; i < n; i++)
+                desc[i] = v[i] != self && ppid[i] == self;
+            for (bool grew = true; grew;) {
+                grew = false;
+                for (size_t i = 0; i < n; i++) {
+                    if (desc[i] || v[i] == self)
+                        continue;
+                    for (size_t j = 0; j < n; j++)
+                        if (desc[j] && v[j] == ppid[i]) {
+                            desc[i] = grew = true;
+                            break;
+                        }
+                }
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (!desc[i] || is_kept(v[i]))
+                continue;
+            if (pid1 && !proc_stat(v[i], &ppid[i], &state[i]))
+                continue; /* gone meanwhile */
+            if (state[i] == 'Z' || state[i] == 'X')
+                continue; /* dead, not yet reaped by its parent */
             strays++;
-            if (kill(v[i].pid, SIGKILL) == 0)
+            if (kill(v[i], SIGKILL) == 0)
                 killed++;
         }
-        free(desc);
         free(v);
+        free(ppid);
+        free(state);
+        free(desc);
         if (strays == 0) {
             *clean = true;
             return killed;
@@ -906,16 +821,40 @@ static uint64_t walk(int at, size_t *entries)
     return sum;
 }
 
-static void on_sweep(void)
+
+/* Tasks (threads) in the sandbox, from sysinfo: under gVisor it counts the sandbox's
+ * own, not the host's.  0 when unknown. */
+static unsigned tasks_now(void)
 {
+    struct sysinfo si;
+    return sysinfo(&si) == 0 ? si.procs : 0;
+}
+
+static void on_sweep(const unsigned char *pl, size_t len)
+{
+    /* gVisor: when the sandbox holds exactly as many tasks as right after the last
+     * sweep that proved it clean, no process was left behind (one system call instead
+     * of a scan).  A task gone while another came shows as equal: a call that wants to
+     * hide a leftover that way can, but only inside its own session, still within the
+     * sandbox's limits. */
+    static unsigned baseline;
+    if (O.count_tasks && baseline && tasks_now() == baseline && (len < 1 || !pl[0])) {
+        unsigned char p[13] = {0};
+        p[4] = 1;
+        send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+        return;
+    }
     bool clean;
     uint32_t killed = sweep(&clean);
-    uint64_t used;
-    if (O.walk_disk) {
-        size_t entries = 0;
-        used = walk(workfd, &entries);
-    } else {
-        used = fs_used(O.work) + fs_used("/tmp") + fs_used("/dev/shm");
+    baseline = clean && O.count_tasks ? tasks_now() : 0;
+    uint64_t used = 0;
+    if (len >= 1 && pl[0]) {
+        if (O.walk_disk) {
+            size_t entries = 0;
+            used = walk(workfd, &entries);
+        } else {
+            used = fs_used(O.work) + fs_used("/tmp") + fs_used("/dev/shm");
+        }
     }
     unsigned char p[13];
     sup_put32(p, killed);
@@ -928,8 +867,9 @@ static void on_sweep(void)
 
 static void shutdown_all(void)
 {
-    for (int l = 1; l < N_CHILDREN; l++)
-        kill_child(&kids[l], NULL);
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+        kill_group(kernel[l]);
+    kill_group(snip.pid);
     if (getpid() == 1) {
         kill(-1, SIGKILL); /* PID 1: everything else in the namespace */
     } else {
@@ -945,22 +885,24 @@ static void on_frame(int type, int lang, const unsigned char *pl, size_t len)
     switch (type) {
     case SUP_START:
         if (interp)
-            start_interpreter(lang);
-        break;
-    case SUP_CELL:
+            start_kernel(lang, pl, len);
+        return;
+    case SUP_FILES:
         if (interp)
-            on_cell(lang, pl, len);
-        break;
+            write_files(lang, pl, len);
+        return;
     case SUP_KILL:
-        if (interp || lang == SUP_LANG_EXEC)
-            kill_child(&kids[lang], NULL);
-        break;
+        if (interp)
+            kill_group(kernel[lang]);
+        else if (lang == SUP_LANG_EXEC)
+            kill_group(snip.pid);
+        return;
     case SUP_SWEEP:
-        on_sweep();
-        break;
+        on_sweep(pl, len);
+        return;
     case SUP_EXEC:
-        on_exec(pl, len);
-        break;
+        start_snippet(pl, len);
+        return;
     default:
         errno = 0;
         die("an unknown frame from the daemon%s", NULL);
@@ -997,34 +939,19 @@ static void on_daemon_input(void)
     }
     memmove(down, down + at, down_len - at);
     down_len -= at;
-}
-
-static void flush_input(child *k)
-{
-    outq *q = &k->inq;
-    while (k->in_w >= 0 && q->off < q->len) {
-        ssize_t n = write(k->in_w, q->data + q->off, q->len - q->off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            if (errno != EAGAIN)
-                close_fd(&k->in_w); /* it closed its input: it is going */
-            return;
-        }
-        q->off += (size_t)n;
-    }
-    if (q->off == q->len) {
-        q->off = q->len = 0;
-        if (q->close_after)
-            close_fd(&k->in_w);
+    if (down_cap > 4 * SUP_CHUNK && down_len < SUP_CHUNK) { /* give back a big buffer */
+        down_cap = 2 * SUP_CHUNK;
+        unsigned char *d = realloc(down, down_cap);
+        if (d)
+            down = d;
     }
 }
 
 static void parse_opts(int argc, char **argv)
 {
-    O = (opts){.mode = "process", .work = "/work", .python = "/usr/bin/python3",
-               .node = "/usr/bin/node", .work_mb = 128, .tmp_mb = 16, .shm_mb = 16,
-               .mem_mb = 256, .nofile = 4096};
+    O = (opts){.mode = "process", .work = "/work", .io = "/.berth/io",
+               .python = "/usr/bin/python3", .node = "/usr/bin/node", .work_mb = 128,
+               .tmp_mb = 16, .shm_mb = 16, .mem_mb = 256, .nofile = 4096};
     for (int i = 0; i < argc; i++) {
         char *eq = strchr(argv[i], '=');
         if (!eq)
@@ -1035,6 +962,8 @@ static void parse_opts(int argc, char **argv)
             O.mode = v;
         else if (!strcmp(k, "work"))
             O.work = v;
+        else if (!strcmp(k, "io"))
+            O.io = v;
         else if (!strcmp(k, "python"))
             O.python = v;
         else if (!strcmp(k, "node"))
@@ -1058,17 +987,15 @@ static void parse_opts(int argc, char **argv)
         O.mount_tmpfs = O.drop_caps = O.seccomp = true;
     } else if (!strcmp(O.mode, "process")) {
         O.subreaper = O.walk_disk = true;
+    } else if (!strcmp(O.mode, "gvisor")) {
+        O.count_tasks = true;
     }
 }
 
 int sbx_supervisor_main(int argc, char **argv)
 {
     parse_opts(argc, argv);
-    for (int l = 0; l < N_CHILDREN; l++) {
-        kids[l].lang = l;
-        kids[l].in_w = kids[l].ctl_r = kids[l].out_r = kids[l].err_r = -1;
-        child_reset(&kids[l]);
-    }
+    snip.in_w = snip.out_r = snip.err_r = -1;
     signal(SIGPIPE, SIG_IGN);
     sigset_t mask;
     sigemptyset(&mask);
@@ -1086,67 +1013,26 @@ int sbx_supervisor_main(int argc, char **argv)
     send_frame(SUP_HELLO, SUP_LANG_NONE, hello, 4);
 
     for (;;) {
-        struct pollfd pf[2 + 4 * N_CHILDREN];
-        child *owner[2 + 4 * N_CHILDREN];
-        int what[2 + 4 * N_CHILDREN];
-        nfds_t n = 0;
-        pf[n] = (struct pollfd){0, POLLIN, 0};
-        owner[n] = NULL;
-        what[n++] = 0;
-        pf[n] = (struct pollfd){sigfd, POLLIN, 0};
-        owner[n] = NULL;
-        what[n++] = 1;
-        for (int l = 1; l < N_CHILDREN; l++) {
-            child *k = &kids[l];
-            if (!k->pid)
-                continue;
-            int fds[4] = {k->ctl_r, k->out_r, k->err_r, k->in_w};
-            for (int i = 0; i < 4; i++) {
-                if (fds[i] < 0)
-                    continue;
-                if (i == 3 && k->inq.off == k->inq.len)
-                    continue;
-                pf[n] = (struct pollfd){fds[i], (short)(i == 3 ? POLLOUT : POLLIN), 0};
-                owner[n] = k;
-                what[n++] = 2 + i;
-            }
-        }
-        if (poll(pf, n, -1) < 0) {
+        struct pollfd pf[5] = {{0, POLLIN, 0}, {sigfd, POLLIN, 0}, {snip.out_r, POLLIN, 0},
+                               {snip.err_r, POLLIN, 0}, {snip.in_w, POLLOUT, 0}};
+        if (poll(pf, 5, -1) < 0) {
             if (errno == EINTR)
                 continue;
             die("poll%s: %s", NULL);
         }
-        for (nfds_t i = 0; i < n; i++) {
-            if (!pf[i].revents)
-                continue;
-            child *k = owner[i];
-            if (k && !k->pid)
-                continue; /* ended while handling an earlier fd */
-            switch (what[i]) {
-            case 0:
-                on_daemon_input();
-                break;
-            case 1: {
-                struct signalfd_siginfo si;
-                while (read(sigfd, &si, sizeof si) == sizeof si) {
-                }
-                reap();
-                break;
+        if (pf[2].revents)
+            pump_snippet(0);
+        if (pf[3].revents)
+            pump_snippet(1);
+        if (pf[4].revents)
+            feed_snippet();
+        if (pf[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sigfd, &si, sizeof si) == sizeof si) {
             }
-            case 2:
-                if (k->ctl_r >= 0)
-                    on_kernel_frames(k);
-                break;
-            case 3:
-                pump(k, &k->out_r, SUP_OUT, 4 * SUP_CHUNK);
-                break;
-            case 4:
-                pump(k, &k->err_r, SUP_ERR, 4 * SUP_CHUNK);
-                break;
-            case 5:
-                flush_input(k);
-                break;
-            }
+            reap();
         }
+        if (pf[0].revents)
+            on_daemon_input();
     }
 }

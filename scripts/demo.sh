@@ -2,12 +2,13 @@
 # demo.sh — `make demo`: start a local sandboxd, replay the demo conversation through
 # the default hooks (scripts/code_chat.lua) with the scripted model, stop the daemon.
 #
-#   BERTH_PROVIDER=echo|bwrap|gvisor|process   the sandboxd provider (default echo: a
-#                                              protocol-correct daemon that runs nothing)
+#   BERTH_PROVIDER=auto|gvisor|bwrap|process|echo   the sandboxd provider (default auto:
+#                              the strongest tier whose start-up smoke test passes here;
+#                              echo is a protocol-correct daemon that runs nothing)
 #   BUILD=build                                where make put the binaries
 set -u
 BUILD=${BUILD:-build}
-provider=${BERTH_PROVIDER:-echo}
+provider=${BERTH_PROVIDER:-auto}
 here=$(cd "$(dirname "$0")" && pwd)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/berth-demo.XXXXXX") || exit 1
@@ -47,8 +48,11 @@ if [ -z "$url" ]; then
     exit 1
 fi
 echo "demo: sandboxd --provider $provider listening at $url"
+grep -h 'serving plimsoll' "$work/daemon.log" | sed 's/^[^ ]* /demo: /'
 
-"$BUILD/berth" replay --daemon "$url" --token-file "$work/token" --provider "$provider" \
+# With auto, the replay reads the provider (and so its expectations) from Describe.
+[ "$provider" = auto ] && set -- || set -- --provider "$provider"
+"$BUILD/berth" replay --daemon "$url" --token-file "$work/token" "$@" \
     "$here/demo_conversation.lua"
 rc=$?
 if [ $rc -ne 0 ]; then

@@ -1,11 +1,13 @@
 // kernel.js - sandboxd's persistent JavaScript interpreter (one per session sandbox).
 //
-// Started by the in-sandbox supervisor as `node --expose-internals -e <this>` with fd 0
-// /dev/null, fd 1 and fd 2 the cell's stdout and stderr pipes (synchronous writes on
-// Linux), fd 3 the requests and fd 4 the replies.  Frames on fds 3/4 are a 4-byte
-// little-endian length and a body:
+// Started by the in-sandbox supervisor as `node --expose-internals -e <this> PREFIX TOKEN`
+// with fd 0 /dev/null and fds 1 and 2 the cell's stdout and stderr (FIFOs the daemon
+// reads; writes to them are synchronous on Linux).  It reads requests from the FIFO
+// PREFIX-req and writes replies to PREFIX-rep; a frame is a 4-byte little-endian length
+// and a body:
 //   request  nonce (32 ASCII hex) + code (UTF-8)
-//   reply    "R" (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
+//   reply    "R" + TOKEN (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
+//            + spawned ("1" when the cell may have started a process, else "0")
 // Notebook semantics: cells run as scripts in this process's global context; top-level
 // let/const/class become var so names can be declared again; top-level await works
 // (Node's REPL transform); a final value that is not undefined is stored as
@@ -24,8 +26,27 @@
   let toplevelAwait = null;
   try { acorn = require('internal/deps/acorn/acorn/dist/acorn'); } catch (e) { /* plain */ }
   try { toplevelAwait = require('internal/repl/await').processTopLevelAwait; } catch (e) { /* plain */ }
+  let rejectionPending = () => true;
+  try { rejectionPending = require('internal/process/promises').hasRejectionToWarn; } catch (e) { /* wait */ }
 
+  const [prefix, token] = process.argv.slice(1);
+  // Opened here, close-on-exec: nothing a cell starts inherits them.
+  const reqFd = fs.openSync(prefix + '-req', fs.constants.O_RDONLY);
+  const repFd = fs.openSync(prefix + '-rep', fs.constants.O_WRONLY);
   const work = process.cwd();
+  // Whether a cell may have started a process: every child_process function ends in
+  // ChildProcess.prototype.spawn or the internal spawnSync.  The daemon may skip its
+  // sweep after a cell that started none (a cell that goes around this only keeps its
+  // own leftovers, within the sandbox's limits).
+  let spawned = false;
+  let canTell = true;
+  try {
+    const internal = require('internal/child_process');
+    const asyncSpawn = internal.ChildProcess.prototype.spawn;
+    internal.ChildProcess.prototype.spawn = function (...a) { spawned = true; return asyncSpawn.apply(this, a); };
+    const syncSpawn = internal.spawnSync;
+    internal.spawnSync = function (...a) { spawned = true; return syncSpawn.apply(this, a); };
+  } catch (e) { canTell = false; /* always say it may have */ }
   globalThis.require = Module.createRequire(path.join(work, '[cell]'));
   const inspectOptions = { depth: 4, maxArrayLength: 100, maxStringLength: 10000 };
 
@@ -35,7 +56,7 @@
     head.writeUInt32LE(b.length, 0);
     const all = Buffer.concat([head, b]);
     let off = 0;
-    while (off < all.length) off += fs.writeSync(4, all, off);
+    while (off < all.length) off += fs.writeSync(repFd, all, off);
   }
 
   function show(text) {
@@ -58,7 +79,7 @@
   // Top-level let/const -> var and `class X {}` -> `var X = class X {};`, so a later
   // cell may declare the same names again.
   function rewrite(code) {
-    if (!acorn) return code;
+    if (!acorn || !/\b(let|const|class)\b/.test(code)) return code; /* nothing to rewrite */
     let ast;
     try {
       ast = acorn.parse(code, { ecmaVersion: 'latest', sourceType: 'script',
@@ -118,7 +139,7 @@
     }
   }
 
-  // Requests arrive on fd 3; cells run one after another in arrival order.
+  // Requests arrive on PREFIX-req; cells run one after another in arrival order.
   let buf = Buffer.alloc(0);
   const queue = [];
   let busy = false;
@@ -128,15 +149,16 @@
     while (queue.length) {
       const req = queue.shift();
       const nonce = req.subarray(0, 32).toString('latin1');
+      spawned = false;
       const status = await runCell(req.subarray(32).toString('utf8'));
-      // One turn of the event loop, so what the cell set off at once (an unhandled
-      // rejection, an immediate) is reported with it.
-      await new Promise((resolve) => setImmediate(resolve));
-      send('D' + status + nonce);
+      // A rejection the cell left unhandled is reported with it: one turn of the event
+      // loop lets Node emit it (only then: the turn costs time every cell would pay).
+      if (rejectionPending()) await new Promise((resolve) => setImmediate(resolve));
+      send('D' + status + nonce + (spawned || !canTell ? '1' : '0'));
     }
     busy = false;
   }
-  const input = new net.Socket({ fd: 3, readable: true, writable: false });
+  const input = new net.Socket({ fd: reqFd, readable: true, writable: false });
   input.on('data', (chunk) => {
     buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
     while (buf.length >= 4) {
@@ -149,5 +171,18 @@
   });
   input.on('end', () => process.exit(0));
   input.on('error', () => process.exit(0));
-  send('R');
+  // One cell's path once (parse, rewrite, compile, run, inspect) before saying ready:
+  // a warm sandbox's first cell does not pay for V8 warming up.
+  (async () => {
+    try {
+      for (const code of ['let warm = 1; warm', 'await 0']) {
+        const src = rewrite(code);
+        const wrapped = toplevelAwait && /\bawait\b/.test(src) ? toplevelAwait(src) : null;
+        const script = new vm.Script(wrapped || '(() => { ' + src + ' })()', { filename: 'warm-up.js' });
+        const v = await script.runInThisContext();
+        util.inspect(v, inspectOptions);
+      }
+    } catch (e) { /* never fatal */ }
+    send('R' + token);
+  })();
 })();

@@ -1,10 +1,12 @@
 # kernel.py - sandboxd's persistent Python interpreter (one per session sandbox).
 #
-# Started by the in-sandbox supervisor as `python3 -I -c <this> ` with fd 0 /dev/null,
-# fd 1 and fd 2 the cell's stdout and stderr pipes, fd 3 the requests and fd 4 the
-# replies.  Frames on fds 3/4 are a 4-byte little-endian length and a body:
+# Started by the in-sandbox supervisor as `python3 -I -c <this> PREFIX TOKEN` with fd 0
+# /dev/null and fds 1 and 2 the cell's stdout and stderr (FIFOs the daemon reads).  It
+# reads requests from the FIFO PREFIX-req and writes replies to PREFIX-rep; a frame is
+# a 4-byte little-endian length and a body:
 #   request  nonce (32 ASCII hex) + code (UTF-8)
-#   reply    b"R" (ready, once)  |  b"D" + status (b"0" ran, b"1" raised) + nonce
+#   reply    b"R" + TOKEN (ready, once)  |  b"D" + status (b"0" ran, b"1" raised) + nonce
+#            + spawned (b"1" when the cell may have started a process, else b"0")
 # Notebook semantics: one global namespace (__main__); a last expression's value is
 # stored as `_` and its repr printed unless None; top-level await runs on a private
 # event loop; every BaseException ends the cell (traceback on stderr from <cell N>),
@@ -15,9 +17,24 @@ import sys, os
 def _berth_kernel():
     import ast, builtins, linecache, traceback, types
 
-    rfd, wfd = 3, 4
-    os.set_inheritable(rfd, False)
-    os.set_inheritable(wfd, False)
+    prefix, token = sys.argv[1], sys.argv[2].encode()
+    rfd = os.open(prefix + "-req", os.O_RDONLY)  # not inherited by what cells start
+    wfd = os.open(prefix + "-rep", os.O_WRONLY)
+    forked = []  # set in a child the cell forked: it never goes on as the kernel
+    os.register_at_fork(after_in_child=lambda: forked.append(True))
+    # Whether a cell may have started a process (every way CPython has to, ctypes calls
+    # included, raises one of these audit events; audit hooks cannot be removed).  The
+    # daemon may skip its sweep after a cell that started none.
+    spawned = [False]
+    spawn_events = {"os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.exec",
+                    "os.spawn", "subprocess.Popen", "pty.fork", "ctypes.call_function",
+                    "ctypes.dlopen", "_posixsubprocess.fork_exec"}
+
+    def audit(event, args):
+        if event in spawn_events:
+            spawned[0] = True
+
+    sys.addaudithook(audit)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(encoding="utf-8", errors="backslashreplace",
@@ -39,15 +56,21 @@ def _berth_kernel():
         while data:
             data = data[os.write(wfd, data):]
 
-    def read_exact(n):
-        parts = []
-        while n:
-            b = os.read(rfd, min(n, 1 << 20))
-            if not b:
-                os._exit(0)  # the supervisor went away
-            parts.append(b)
-            n -= len(b)
-        return b"".join(parts)
+    pending = bytearray()
+    chunk = bytearray(1 << 16)
+
+    def next_request():
+        while True:
+            if len(pending) >= 4:
+                size = int.from_bytes(pending[:4], "little")
+                if len(pending) >= 4 + size:
+                    req = bytes(pending[4:4 + size])
+                    del pending[:4 + size]
+                    return req
+            n = os.readv(rfd, [chunk])
+            if not n:
+                os._exit(0)  # the daemon went away
+            pending.extend(memoryview(chunk)[:n])
 
     def run_async(coro):
         if state["loop"] is None:
@@ -99,14 +122,25 @@ def _berth_kernel():
             show_error(e)
             return b"1"
 
-    send(b"R")
+    # One cell's path once (compile, eval, repr) before saying ready: a warm sandbox's
+    # first cell does not pay for it.
+    try:
+        compile(compile("None", "<warm-up>", "exec", ast.PyCF_ONLY_AST | flags), "<warm-up>",
+                "exec", flags)
+        repr(eval(compile(ast.Expression(ast.parse("1", mode="eval").body), "<warm-up>",
+                          "eval", flags), {}))
+    except Exception:
+        pass
+    send(b"R" + token)
     while True:
-        size = int.from_bytes(read_exact(4), "little")
-        req = read_exact(size)
+        req = next_request()
         nonce, code = req[:32], req[32:].decode("utf-8", "surrogateescape")
+        spawned[0] = False
         status = run_cell(code)
+        if forked:
+            os._exit(0)  # a process the cell forked never goes on as the kernel
         flush()
-        send(b"D" + status + nonce)
+        send(b"D" + status + nonce + (b"1" if spawned[0] else b"0"))
 
 
 _berth_kernel()

@@ -1,0 +1,1095 @@
+/*
+ * box.c — a sandbox as the daemon sees it (see box.h, sup_proto.h): the supervisor's
+ * link, and per language the four FIFOs of its kernel.
+ */
+#include "box.h"
+
+#include "log.h"
+#include "proc.h"
+#include "util.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CLOSE_BOUND_S 5.0          /* the supervisor's own exit after EOF */
+#define LOG_LINES_PER_BOX 40
+#define START_ERR_KEEP 2048
+#define READ_ROUND (1u << 20)      /* bytes read from one FIFO per wake-up, at most */
+#define DRAIN_LIMIT (4u << 20)     /* bytes read after a cell's end, at most */
+
+enum { F_REQ, F_REP, F_OUT, F_ERR, N_FIFOS };
+static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
+
+typedef struct op {
+    bool active;
+    bool not_run;                  /* complete from the loop as SBX_CELL_NOT_RUN */
+    bool sent;                     /* the code left for the kernel */
+    bool files_pending;            /* waiting for SUP_FILES_DONE */
+    sbx_cell_cb cb;
+    void *ud;
+    const sbx_job *job;            /* borrowed until cb */
+    sbx_buf out, err;
+    uint32_t out_cap, err_cap;
+    bool out_cut, err_cut;
+    char nonce[SUP_NONCE_LEN + 1];
+} op;
+
+typedef struct lane {              /* one language's kernel */
+    sbx_interp_state state;
+    int fd[N_FIFOS];
+    ev_io req_io, rep_io, out_io, err_io;
+    unsigned char *wq;             /* the request on its way to `req` */
+    size_t wq_len, wq_off;
+    unsigned char rep[4 + SUP_KERNEL_MAX_REPLY];
+    size_t rep_len;
+    char token[SUP_TOKEN_LEN + 1];
+    char start_err[START_ERR_KEEP];
+    size_t start_err_len;
+    const char *broke;             /* why we had it killed */
+    op op;
+} lane;
+
+typedef enum box_state { B_LAUNCHING, B_READY, B_CLOSING } box_state;
+
+struct sbx_box {
+    struct ev_loop *loop;
+    const sbx_backend_ops *ops;
+    sbx_backend *bk;
+    void *bkdata;
+    sbx_box_events ev;
+    void *ud;
+    char *id;
+    char **argv;
+    char *host_io;                 /* the FIFOs' directory on the host */
+    box_state state;
+    pid_t pid;
+    sbx_watch *watch;
+    bool exited, dead, ready_reported;
+    char *dead_why;
+    int to_fd, from_fd, err_fd;
+    ev_io to_io, from_io, err_io;
+    unsigned char *wq;
+    size_t wq_len, wq_off;
+    unsigned char *rq;
+    size_t rq_len, rq_cap;
+    lane lane[3];                  /* by SUP_LANG_JS / SUP_LANG_PY */
+    op snippet;
+    bool sweeping, measure;
+    sbx_sweep_cb sweep_cb;
+    void *sweep_ud;
+    void (*freeze_cb)(void *ud, bool ok);
+    void *freeze_ud;
+    bool freezing;
+    ev_timer fail_now;             /* completes operations that cannot go on, from the loop */
+    ev_timer close_bound;
+    sbx_box_done_cb close_cb;
+    void *close_ud;
+    bool closing_started;
+    int log_lines;
+    char line[400];
+    size_t line_len;
+};
+
+static void on_from(struct ev_loop *loop, ev_io *w, int revents);
+static void on_to(struct ev_loop *loop, ev_io *w, int revents);
+static void on_err(struct ev_loop *loop, ev_io *w, int revents);
+static void on_fifo(struct ev_loop *loop, ev_io *w, int revents);
+static void on_req_writable(struct ev_loop *loop, ev_io *w, int revents);
+static void on_exit_watch(void *ud, int status);
+static void on_fail_now(struct ev_loop *loop, ev_timer *w, int revents);
+static void on_close_bound(struct ev_loop *loop, ev_timer *w, int revents);
+static void close_continue(sbx_box *b);
+
+/* ---------------------------------------------------------------- accessors */
+
+const char *const *sbx_box_supervisor_argv(const sbx_box *b) { return (const char *const *)b->argv; }
+const char *sbx_box_id(const sbx_box *b) { return b->id; }
+bool sbx_box_ready(const sbx_box *b) { return b->state == B_READY && !b->dead; }
+bool sbx_box_alive(const sbx_box *b) { return !b->dead && b->state != B_CLOSING; }
+void *sbx_box_backend_data(const sbx_box *b) { return b->bkdata; }
+void sbx_box_set_backend_data(sbx_box *b, void *data) { b->bkdata = data; }
+const char *sbx_box_host_io(const sbx_box *b) { return b->host_io; }
+
+sbx_interp_state sbx_box_interp(const sbx_box *b, int lang)
+{
+    return lang == SUP_LANG_JS || lang == SUP_LANG_PY ? b->lane[lang].state : SBX_I_NONE;
+}
+
+void sbx_box_set_events(sbx_box *b, const sbx_box_events *ev, void *ud)
+{
+    b->ev = *ev;
+    b->ud = ud;
+}
+
+static bool is_lang(int lang)
+{
+    return lang == SUP_LANG_JS || lang == SUP_LANG_PY;
+}
+
+/* ---------------------------------------------------------------- the supervisor link */
+
+static void stop_link(sbx_box *b)
+{
+    if (b->to_fd >= 0) {
+        ev_io_stop(b->loop, &b->to_io);
+        close(b->to_fd);
+        b->to_fd = -1;
+    }
+    if (b->from_fd >= 0) {
+        ev_io_stop(b->loop, &b->from_io);
+        close(b->from_fd);
+        b->from_fd = -1;
+    }
+}
+
+/* Writes what is queued without blocking; the rest waits for the fd. */
+static void flush_queue(struct ev_loop *loop, int fd, ev_io *io, unsigned char **q, size_t *len,
+                        size_t *off)
+{
+    while (fd >= 0 && *off < *len) {
+        ssize_t n = write(fd, *q + *off, *len - *off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            if (errno == EAGAIN) {
+                ev_io_start(loop, io);
+                return;
+            }
+            break; /* the other side is gone: its end is reported elsewhere */
+        }
+        *off += (size_t)n;
+    }
+    ev_io_stop(loop, io);
+    *off = *len = 0;
+    if (*q) { /* a big request does not stay around */
+        free(*q);
+        *q = NULL;
+    }
+}
+
+static void enqueue(unsigned char **q, size_t *len, size_t *off, const void *const *parts,
+                    const size_t *lens, size_t n_parts, size_t total)
+{
+    if (*off == *len)
+        *off = *len = 0;
+    *q = sbx_xrealloc(*q, *len + total);
+    for (size_t i = 0; i < n_parts; i++) {
+        if (lens[i])
+            memcpy(*q + *len, parts[i], lens[i]);
+        *len += lens[i];
+    }
+}
+
+static void send_parts(sbx_box *b, int type, int lang, const void *const *parts,
+                       const size_t *lens, size_t n_parts)
+{
+    size_t body = 2;
+    for (size_t i = 0; i < n_parts; i++)
+        body += lens[i];
+    unsigned char head[6];
+    sup_put32(head, (uint32_t)body);
+    head[4] = (unsigned char)type;
+    head[5] = (unsigned char)lang;
+    const void *hp[1] = {head};
+    size_t hl[1] = {6};
+    enqueue(&b->wq, &b->wq_len, &b->wq_off, hp, hl, 1, 6);
+    if (n_parts)
+        enqueue(&b->wq, &b->wq_len, &b->wq_off, parts, lens, n_parts, body - 2);
+    flush_queue(b->loop, b->to_fd, &b->to_io, &b->wq, &b->wq_len, &b->wq_off);
+}
+
+static void send_simple(sbx_box *b, int type, int lang, const void *payload, size_t len)
+{
+    const void *parts[1] = {payload};
+    size_t lens[1] = {len};
+    send_parts(b, type, lang, parts, lens, len ? 1 : 0);
+}
+
+/* ---------------------------------------------------------------- completing */
+
+static void op_complete(op *o, sbx_cell_result *r)
+{
+    if (!o->active) {
+        free(r->out.data);
+        free(r->err.data);
+        free(r->text);
+        return;
+    }
+    r->out = o->out;
+    r->err = o->err;
+    r->out_truncated = r->out_truncated || o->out_cut;
+    r->err_truncated = r->err_truncated || o->err_cut;
+    sbx_cell_cb cb = o->cb;
+    void *ud = o->ud;
+    memset(o, 0, sizeof *o);
+    cb(ud, r);
+}
+
+static void complete_end(op *o, sbx_cell_end end, const char *text)
+{
+    sbx_cell_result r;
+    memset(&r, 0, sizeof r);
+    r.end = end;
+    r.text = text ? sbx_xstrdup(text) : NULL;
+    op_complete(o, &r);
+}
+
+/* Completes what cannot go on: everything once the sandbox is gone, else the
+ * operations marked not run. */
+static void fail_all(sbx_box *b)
+{
+    const char *why = b->dead_why ? b->dead_why : "the sandbox ended";
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++) {
+        op *o = &b->lane[l].op;
+        if (o->active && o->not_run)
+            complete_end(o, SBX_CELL_NOT_RUN, NULL);
+        else if (o->active && b->dead)
+            complete_end(o, SBX_CELL_SANDBOX_GONE, why);
+    }
+    if (b->snippet.active && (b->dead || b->snippet.not_run))
+        complete_end(&b->snippet, b->dead ? SBX_CELL_SANDBOX_GONE : SBX_CELL_NOT_RUN, why);
+    if (b->sweeping && b->dead) {
+        b->sweeping = false;
+        b->sweep_cb(b->sweep_ud, false, false, 0, 0);
+    }
+}
+
+static void on_fail_now(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_box *b = w->data;
+    fail_all(b);
+    if (b->state == B_LAUNCHING && b->dead && !b->ready_reported) {
+        b->ready_reported = true;
+        if (b->ev.ready)
+            b->ev.ready(b->ud, b, b->dead_why);
+        return;
+    }
+    if (b->state == B_CLOSING)
+        close_continue(b);
+}
+
+/* The sandbox is unusable from now on; the owner hears it once. */
+static void mark_dead(sbx_box *b, const char *why)
+{
+    if (b->dead)
+        return;
+    b->dead = true;
+    b->dead_why = sbx_xstrdup(why);
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+        b->lane[l].state = SBX_I_NONE;
+    box_state was = b->state;
+    fail_all(b);
+    if (was == B_LAUNCHING) {
+        b->ready_reported = true;
+        if (b->ev.ready)
+            b->ev.ready(b->ud, b, why);
+    } else if (was == B_READY) {
+        if (b->ev.dead)
+            b->ev.dead(b->ud, b, why);
+    }
+}
+
+/* The supervisor broke the protocol: nothing it says can be trusted any more. */
+static void violation(sbx_box *b, const char *what)
+{
+    sbx_log("sandbox %s broke the supervisor protocol (%s); ending it", b->id, what);
+    stop_link(b);
+    if (!b->exited)
+        b->ops->force_kill(b->bk, b);
+    mark_dead(b, "the sandbox broke the supervisor protocol");
+}
+
+/* ---------------------------------------------------------------- the kernels' FIFOs */
+
+static void keep(sbx_buf *buf, uint32_t cap, bool *cut, const unsigned char *data, size_t n)
+{
+    size_t room = buf->len < cap ? cap - buf->len : 0;
+    size_t take = n < room ? n : room;
+    if (take < n)
+        *cut = true;
+    if (!take)
+        return;
+    buf->data = sbx_xrealloc(buf->data, buf->len + take + 1);
+    memcpy(buf->data + buf->len, data, take);
+    buf->len += take;
+    buf->data[buf->len] = '\0';
+}
+
+/* Reads a kernel's stdout or stderr: kept for the running cell, for a start's
+ * diagnosis, or dropped (output between cells). */
+static void read_stream(sbx_box *b, int lang, int which, size_t limit)
+{
+    lane *ln = &b->lane[lang];
+    unsigned char buf[1 << 16];
+    size_t got = 0;
+    while (ln->fd[which] >= 0 && got < limit) {
+        ssize_t n = read(ln->fd[which], buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        got += (size_t)n;
+        op *o = &ln->op;
+        if (o->active && o->sent) {
+            if (which == F_OUT)
+                keep(&o->out, o->out_cap, &o->out_cut, buf, (size_t)n);
+            else
+                keep(&o->err, o->err_cap, &o->err_cut, buf, (size_t)n);
+        } else if (ln->state == SBX_I_STARTING && which == F_ERR) {
+            size_t room = START_ERR_KEEP - 1 - ln->start_err_len;
+            size_t take = (size_t)n < room ? (size_t)n : room;
+            memcpy(ln->start_err + ln->start_err_len, buf, take);
+            ln->start_err_len += take;
+            ln->start_err[ln->start_err_len] = '\0';
+        }
+    }
+}
+
+static void drain_fd(int fd)
+{
+    unsigned char buf[1 << 16];
+    for (size_t got = 0; fd >= 0 && got < DRAIN_LIMIT;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0)
+            return;
+        got += (size_t)n;
+    }
+}
+
+/* The kernel said something it must not: it is killed, its cell reports it. */
+static void lane_broke(sbx_box *b, int lang, const char *why)
+{
+    lane *ln = &b->lane[lang];
+    ln->rep_len = 0;
+    if (ln->broke)
+        return;
+    ln->broke = why;
+    sbx_log("sandbox %s: the %s kernel %s; killing it", b->id,
+            lang == SUP_LANG_PY ? "python" : "javascript", why);
+    send_simple(b, SUP_KILL, lang, NULL, 0);
+}
+
+static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len)
+{
+    lane *ln = &b->lane[lang];
+    if (len == 1 + SUP_TOKEN_LEN && body[0] == 'R') {
+        if (ln->state != SBX_I_STARTING || memcmp(body + 1, ln->token, SUP_TOKEN_LEN) != 0)
+            return; /* a ready of an incarnation that is gone */
+        if (getenv("SBX_DEBUG_BOX"))
+            sbx_log("DEBUG %s READY lang %d", b->id, lang);
+        ln->state = SBX_I_IDLE;
+        if (b->ev.interp)
+            b->ev.interp(b->ud, b, lang, true, NULL);
+        return;
+    }
+    op *o = &ln->op;
+    if (len == 3 + SUP_NONCE_LEN && body[0] == 'D' && (body[1] == '0' || body[1] == '1') &&
+        ln->state == SBX_I_RUNNING && o->active && o->sent && !ln->broke &&
+        memcmp(body + 2, o->nonce, SUP_NONCE_LEN) == 0) {
+        /* Everything the cell wrote before its end is in the FIFOs now. */
+        read_stream(b, lang, F_OUT, DRAIN_LIMIT);
+        read_stream(b, lang, F_ERR, DRAIN_LIMIT);
+        ln->state = SBX_I_IDLE;
+        sbx_cell_result r;
+        memset(&r, 0, sizeof r);
+        r.end = body[1] == '0' ? SBX_CELL_RAN : SBX_CELL_RAISED;
+        r.spawned = body[2 + SUP_NONCE_LEN] != '0';
+        op_complete(o, &r);
+        return;
+    }
+    lane_broke(b, lang, "broke the frame protocol (a reply out of turn)");
+}
+
+static void read_replies(sbx_box *b, int lang)
+{
+    lane *ln = &b->lane[lang];
+    for (;;) {
+        ssize_t n = read(ln->fd[F_REP], ln->rep + ln->rep_len, sizeof ln->rep - ln->rep_len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        ln->rep_len += (size_t)n;
+        while (ln->rep_len >= 4) {
+            uint32_t size = sup_get32(ln->rep);
+            if (size == 0 || size > SUP_KERNEL_MAX_REPLY) {
+                lane_broke(b, lang, "broke the frame protocol (a reply of a bad size)");
+                drain_fd(ln->fd[F_REP]);
+                return;
+            }
+            if (ln->rep_len < 4 + size)
+                break;
+            unsigned char body[SUP_KERNEL_MAX_REPLY];
+            memcpy(body, ln->rep + 4, size);
+            memmove(ln->rep, ln->rep + 4 + size, ln->rep_len - 4 - size);
+            ln->rep_len -= 4 + size;
+            on_reply(b, lang, body, size);
+        }
+    }
+}
+
+static void on_fifo(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_box *b = w->data;
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++) {
+        lane *ln = &b->lane[l];
+        if (w == &ln->rep_io)
+            read_replies(b, l);
+        else if (w == &ln->out_io)
+            read_stream(b, l, F_OUT, READ_ROUND);
+        else if (w == &ln->err_io)
+            read_stream(b, l, F_ERR, READ_ROUND);
+    }
+}
+
+static void on_req_writable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    sbx_box *b = w->data;
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++) {
+        lane *ln = &b->lane[l];
+        if (w == &ln->req_io)
+            flush_queue(loop, ln->fd[F_REQ], &ln->req_io, &ln->wq, &ln->wq_len, &ln->wq_off);
+    }
+}
+
+/* Makes the FIFOs of one language; the daemon holds each open read-write, so none ever
+ * sees an end of file or blocks an open, whatever the kernel does. */
+static int lane_open(sbx_box *b, int lang, uid_t uid, gid_t gid, char **why)
+{
+    lane *ln = &b->lane[lang];
+    for (int f = 0; f < N_FIFOS; f++) {
+        char *path = sbx_printf("%s/%s-%s", b->host_io, lang == SUP_LANG_PY ? "py" : "js",
+                                fifo_names[f]);
+        int rc = mkfifo(path, 0600);
+        if (rc == 0 && uid != (uid_t)-1)
+            rc = chown(path, uid, gid);
+        if (rc == 0)
+            ln->fd[f] = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        if (rc != 0 || ln->fd[f] < 0) {
+            *why = sbx_printf("cannot make the FIFO %s: %s", path, strerror(errno));
+            free(path);
+            return -1;
+        }
+        free(path);
+    }
+    ev_io_init(&ln->req_io, on_req_writable, ln->fd[F_REQ], EV_WRITE);
+    ev_io_init(&ln->rep_io, on_fifo, ln->fd[F_REP], EV_READ);
+    ev_io_init(&ln->out_io, on_fifo, ln->fd[F_OUT], EV_READ);
+    ev_io_init(&ln->err_io, on_fifo, ln->fd[F_ERR], EV_READ);
+    ln->req_io.data = ln->rep_io.data = ln->out_io.data = ln->err_io.data = b;
+    ev_io_start(b->loop, &ln->rep_io);
+    ev_io_start(b->loop, &ln->out_io);
+    ev_io_start(b->loop, &ln->err_io);
+    return 0;
+}
+
+static void lane_close(sbx_box *b, int lang)
+{
+    lane *ln = &b->lane[lang];
+    ev_io_stop(b->loop, &ln->req_io);
+    ev_io_stop(b->loop, &ln->rep_io);
+    ev_io_stop(b->loop, &ln->out_io);
+    ev_io_stop(b->loop, &ln->err_io);
+    for (int f = 0; f < N_FIFOS; f++) {
+        if (ln->fd[f] >= 0)
+            close(ln->fd[f]);
+        ln->fd[f] = -1;
+        if (b->host_io) {
+            char *path = sbx_printf("%s/%s-%s", b->host_io, lang == SUP_LANG_PY ? "py" : "js",
+                                    fifo_names[f]);
+            unlink(path);
+            free(path);
+        }
+    }
+    free(ln->wq);
+    ln->wq = NULL;
+    ln->wq_len = ln->wq_off = 0;
+    free(ln->op.out.data);
+    free(ln->op.err.data);
+}
+
+/* Sends the cell's request to its kernel: length, nonce, code. */
+static void send_request(sbx_box *b, int lang)
+{
+    lane *ln = &b->lane[lang];
+    op *o = &ln->op;
+    unsigned char head[4];
+    sup_put32(head, (uint32_t)(SUP_NONCE_LEN + o->job->code.len));
+    const void *parts[3] = {head, o->nonce, o->job->code.data};
+    size_t lens[3] = {4, SUP_NONCE_LEN, o->job->code.len};
+    enqueue(&ln->wq, &ln->wq_len, &ln->wq_off, parts, lens, 3, lens[0] + lens[1] + lens[2]);
+    o->sent = true;
+    flush_queue(b->loop, ln->fd[F_REQ], &ln->req_io, &ln->wq, &ln->wq_len, &ln->wq_off);
+}
+
+/* ---------------------------------------------------------------- supervisor frames */
+
+static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, size_t len)
+{
+    switch (type) {
+    case SUP_HELLO:
+        if (b->state != B_LAUNCHING || len != 4 || sup_get32(p) != SUP_PROTOCOL) {
+            violation(b, "hello");
+            return;
+        }
+        b->state = B_READY;
+        b->ready_reported = true;
+        if (b->ev.ready)
+            b->ev.ready(b->ud, b, NULL);
+        return;
+    case SUP_EXITED: {
+        if (!is_lang(lang) || len < 4 || b->lane[lang].state == SBX_I_NONE) {
+            violation(b, "exited out of turn");
+            return;
+        }
+        lane *ln = &b->lane[lang];
+        sbx_interp_state was = ln->state;
+        if (getenv("SBX_DEBUG_BOX"))
+            sbx_log("DEBUG %s EXITED lang %d state %d op %d", b->id, lang, was, ln->op.active);
+        ln->state = SBX_I_NONE;
+        char *text = len > 4 ? sbx_xstrndup((const char *)p + 4, len - 4) : NULL;
+        const char *why = ln->broke ? ln->broke : text;
+        if (ln->op.active && ln->op.sent) {
+            read_stream(b, lang, F_OUT, DRAIN_LIMIT);
+            read_stream(b, lang, F_ERR, DRAIN_LIMIT);
+            sbx_cell_result r;
+            memset(&r, 0, sizeof r);
+            r.end = SBX_CELL_DIED;
+            r.wait_status = (int)sup_get32(p);
+            r.text = why ? sbx_xstrdup(why) : NULL;
+            op_complete(&ln->op, &r);
+        } else {
+            if (ln->op.active) /* files were being written: nothing ran */
+                complete_end(&ln->op, SBX_CELL_NOT_RUN, NULL);
+            if (b->ev.interp)
+                b->ev.interp(b->ud, b, lang, false,
+                             was == SBX_I_STARTING && ln->start_err_len ? ln->start_err
+                             : why ? why : "");
+        }
+        free(text);
+        ln->broke = NULL;
+        return;
+    }
+    case SUP_FILES_DONE: {
+        lane *ln = is_lang(lang) ? &b->lane[lang] : NULL;
+        if (!ln || len < 4 || len > 4 + 15 || !ln->op.active || !ln->op.files_pending) {
+            violation(b, "files done out of turn");
+            return;
+        }
+        ln->op.files_pending = false;
+        uint32_t index = sup_get32(p);
+        if (index == SUP_FILES_ALL_WRITTEN) {
+            if (ln->state == SBX_I_RUNNING)
+                send_request(b, lang);
+            return;
+        }
+        sbx_cell_result r;
+        memset(&r, 0, sizeof r);
+        r.end = SBX_CELL_FILES_FAILED;
+        r.file_index = index;
+        memcpy(r.errcode, p + 4, len - 4);
+        for (size_t i = 0; r.errcode[i]; i++)
+            if (r.errcode[i] < 'A' || r.errcode[i] > 'Z')
+                r.errcode[i] = '?';
+        ln->state = SBX_I_IDLE;
+        op_complete(&ln->op, &r);
+        return;
+    }
+    case SUP_SWEPT:
+        if (len != 13 || !b->sweeping) {
+            violation(b, "swept out of turn");
+            return;
+        }
+        b->sweeping = false;
+        b->sweep_cb(b->sweep_ud, true, p[4] != 0, sup_get32(p), sup_get64(p + 5));
+        return;
+    case SUP_OUT:
+    case SUP_ERR:
+        if (lang != SUP_LANG_EXEC) {
+            violation(b, "output of no one");
+            return;
+        }
+        if (b->snippet.active) {
+            op *o = &b->snippet;
+            if (type == SUP_OUT)
+                keep(&o->out, o->out_cap, &o->out_cut, p, len);
+            else
+                keep(&o->err, o->err_cap, &o->err_cut, p, len);
+        }
+        return;
+    case SUP_EXEC_DONE: {
+        if (len != 6 || !b->snippet.active) {
+            violation(b, "exec done out of turn");
+            return;
+        }
+        sbx_cell_result r;
+        memset(&r, 0, sizeof r);
+        r.end = SBX_CELL_EXITED;
+        r.wait_status = (int)sup_get32(p);
+        r.out_truncated = p[4] != 0;
+        r.err_truncated = p[5] != 0;
+        op_complete(&b->snippet, &r);
+        return;
+    }
+    default:
+        violation(b, "unknown frame");
+    }
+}
+
+static void on_from(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_box *b = w->data;
+    if (b->rq_cap - b->rq_len < SUP_CHUNK + 64) {
+        b->rq_cap = b->rq_cap ? b->rq_cap * 2 : 2 * (SUP_CHUNK + 64);
+        b->rq = sbx_xrealloc(b->rq, b->rq_cap);
+    }
+    ssize_t n = read(b->from_fd, b->rq + b->rq_len, b->rq_cap - b->rq_len);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) { /* the supervisor closed its side: the sandbox is ending */
+        ev_io_stop(b->loop, &b->from_io);
+        close(b->from_fd);
+        b->from_fd = -1;
+        if (b->state != B_CLOSING)
+            mark_dead(b, b->state == B_LAUNCHING ? "the sandbox ended while starting"
+                                                 : "the sandbox ended (its supervisor is gone)");
+        return;
+    }
+    b->rq_len += (size_t)n;
+    size_t at = 0;
+    /* Frames one by one; a handler may end the link. */
+    while (b->from_fd >= 0 && b->rq_len - at >= 4) {
+        uint32_t size = sup_get32(b->rq + at);
+        if (size < 2 || size > SUP_MAX_UP_FRAME) {
+            violation(b, "a frame of a bad size");
+            return;
+        }
+        if (b->rq_len - at < 4 + (size_t)size)
+            break;
+        at += 4 + size;
+        on_frame(b, b->rq[at - size], b->rq[at - size + 1], b->rq + at - size + 2, size - 2);
+    }
+    if (b->from_fd < 0) {
+        b->rq_len = 0;
+        return;
+    }
+    memmove(b->rq, b->rq + at, b->rq_len - at);
+    b->rq_len -= at;
+    if (b->rq_cap > 4 * (SUP_CHUNK + 64) && b->rq_len < SUP_CHUNK) {
+        b->rq_cap = 2 * (SUP_CHUNK + 64);
+        b->rq = sbx_xrealloc(b->rq, b->rq_cap);
+    }
+}
+
+static void on_to(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)revents;
+    sbx_box *b = w->data;
+    flush_queue(loop, b->to_fd, &b->to_io, &b->wq, &b->wq_len, &b->wq_off);
+}
+
+/* The supervisor's (and the sandbox tool's) stderr: logged, a bounded number of lines. */
+static void on_err(struct ev_loop *loop, ev_io *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_box *b = w->data;
+    char buf[1024];
+    ssize_t n = read(b->err_fd, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        ev_io_stop(b->loop, &b->err_io);
+        close(b->err_fd);
+        b->err_fd = -1;
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        char c = buf[i];
+        if (c == '\n' || b->line_len == sizeof b->line - 1) {
+            b->line[b->line_len] = '\0';
+            if (b->line_len && b->log_lines++ < LOG_LINES_PER_BOX)
+                sbx_log("sandbox %s: %s", b->id, b->line);
+            b->line_len = 0;
+            if (c == '\n')
+                continue;
+        }
+        b->line[b->line_len++] = (c >= 32 && c < 127) ? c : '?';
+    }
+}
+
+/* ---------------------------------------------------------------- life */
+
+static void on_exit_watch(void *ud, int status)
+{
+    sbx_box *b = ud;
+    b->watch = NULL;
+    b->exited = true;
+    if (b->state == B_CLOSING) {
+        close_continue(b);
+        return;
+    }
+    char how[64], why[160];
+    if (WIFEXITED(status))
+        snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(how, sizeof how, "ended (status %d)", status);
+    snprintf(why, sizeof why, "the sandbox %s", how);
+    sbx_log("sandbox %s ended on its own: it %s", b->id, how);
+    stop_link(b);
+    mark_dead(b, why);
+}
+
+static void add_arg(char ***argv, size_t *n, char *arg)
+{
+    *argv = sbx_xrealloc(*argv, (*n + 2) * sizeof **argv);
+    (*argv)[(*n)++] = arg;
+    (*argv)[*n] = NULL;
+}
+
+sbx_box *sbx_box_new(struct ev_loop *loop, const sbx_backend_ops *ops, sbx_backend *bk,
+                     const sbx_box_config *cfg, const sbx_box_events *ev, void *ud)
+{
+    sbx_box *b = sbx_xcalloc(1, sizeof *b);
+    b->loop = loop;
+    b->ops = ops;
+    b->bk = bk;
+    b->ev = *ev;
+    b->ud = ud;
+    b->id = sbx_xstrdup(cfg->id);
+    b->to_fd = b->from_fd = b->err_fd = -1;
+    for (int l = 0; l < 3; l++)
+        for (int f = 0; f < N_FIFOS; f++)
+            b->lane[l].fd[f] = -1;
+    ev_timer_init(&b->fail_now, on_fail_now, 0., 0.);
+    ev_timer_init(&b->close_bound, on_close_bound, CLOSE_BOUND_S, 0.);
+    b->fail_now.data = b->close_bound.data = b;
+    size_t n = 0;
+    add_arg(&b->argv, &n, sbx_xstrdup(cfg->supervisor_path));
+    add_arg(&b->argv, &n, sbx_xstrdup("--berth-supervisor"));
+    add_arg(&b->argv, &n, sbx_printf("mode=%s", cfg->mode));
+    add_arg(&b->argv, &n, sbx_printf("work=%s", cfg->work));
+    add_arg(&b->argv, &n, sbx_printf("io=%s", cfg->io));
+    add_arg(&b->argv, &n, sbx_printf("python=%s", cfg->python));
+    add_arg(&b->argv, &n, sbx_printf("node=%s", cfg->node));
+    add_arg(&b->argv, &n, sbx_printf("work_mb=%u", cfg->work_mb));
+    add_arg(&b->argv, &n, sbx_printf("tmp_mb=%u", cfg->tmp_mb));
+    add_arg(&b->argv, &n, sbx_printf("shm_mb=%u", cfg->shm_mb));
+    add_arg(&b->argv, &n, sbx_printf("mem_mb=%u", cfg->mem_mb));
+    add_arg(&b->argv, &n, sbx_printf("nofile=%u", cfg->nofile));
+    add_arg(&b->argv, &n, sbx_printf("nproc=%u", cfg->nproc));
+    add_arg(&b->argv, &n, sbx_printf("as_mb=%u", cfg->as_mb));
+    b->measure = cfg->measure_disk;
+
+    char *why = NULL;
+    b->host_io = sbx_xstrdup(cfg->host_io);
+    if (mkdir(b->host_io, 0700) != 0 ||
+        (cfg->uid != (uid_t)-1 && chown(b->host_io, cfg->uid, cfg->gid) != 0)) {
+        why = sbx_printf("cannot create %s: %s", b->host_io, strerror(errno));
+        free(b->host_io);
+        b->host_io = NULL;
+    }
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY && !why; l++)
+        lane_open(b, l, cfg->uid, cfg->gid, &why);
+    int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (!why && (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 ||
+                 pipe2(err, O_CLOEXEC) != 0))
+        why = sbx_printf("pipe: %s", strerror(errno));
+    if (!why) {
+        b->pid = ops->launch(bk, b, in[0], out[1], err[1], &why);
+        b->to_fd = in[1];
+        b->from_fd = out[0];
+        b->err_fd = err[0];
+        in[1] = out[0] = err[0] = -1;
+        fcntl(b->to_fd, F_SETFL, O_NONBLOCK);
+        fcntl(b->from_fd, F_SETFL, O_NONBLOCK);
+        fcntl(b->err_fd, F_SETFL, O_NONBLOCK);
+        ev_io_init(&b->to_io, on_to, b->to_fd, EV_WRITE);
+        ev_io_init(&b->from_io, on_from, b->from_fd, EV_READ);
+        ev_io_init(&b->err_io, on_err, b->err_fd, EV_READ);
+        b->to_io.data = b->from_io.data = b->err_io.data = b;
+        ev_io_start(loop, &b->err_io);
+        if (b->pid > 0) {
+            ev_io_start(loop, &b->from_io);
+            b->watch = sbx_watch_child(loop, b->pid, on_exit_watch, b);
+        }
+    }
+    int ends[] = {in[0], in[1], out[0], out[1], err[0], err[1]};
+    for (size_t i = 0; i < sizeof ends / sizeof ends[0]; i++)
+        if (ends[i] >= 0)
+            close(ends[i]);
+    if (b->pid <= 0) {
+        b->exited = true;
+        stop_link(b);
+        b->dead = true;
+        b->dead_why = why ? why : sbx_xstrdup("the sandbox could not be started");
+        sbx_log("sandbox %s could not be started: %s", b->id, b->dead_why);
+        ev_timer_start(loop, &b->fail_now); /* `ready` with the error, from the loop */
+        return b;
+    }
+    free(why);
+    return b;
+}
+
+/* ---------------------------------------------------------------- operations */
+
+static bool start_op(sbx_box *b, op *o, sbx_cell_cb cb, void *ud, uint32_t out_cap,
+                     uint32_t err_cap)
+{
+    free(o->out.data);
+    free(o->err.data);
+    memset(o, 0, sizeof *o);
+    o->active = true;
+    o->cb = cb;
+    o->ud = ud;
+    o->out_cap = out_cap;
+    o->err_cap = err_cap;
+    if (b->dead || b->state != B_READY) {
+        ev_timer_start(b->loop, &b->fail_now);
+        return false;
+    }
+    return true;
+}
+
+void sbx_box_start(sbx_box *b, int lang)
+{
+    if (b->dead || b->state != B_READY || !is_lang(lang) || b->lane[lang].state != SBX_I_NONE)
+        return;
+    lane *ln = &b->lane[lang];
+    /* Whatever an earlier incarnation left in the FIFOs goes. */
+    for (int f = 0; f < N_FIFOS; f++)
+        drain_fd(ln->fd[f]);
+    ln->rep_len = 0;
+    ln->start_err_len = 0;
+    ln->start_err[0] = '\0';
+    ln->broke = NULL;
+    if (!sbx_random_hex(SUP_TOKEN_LEN / 2, ln->token))
+        snprintf(ln->token, sizeof ln->token, "%032x", 0);
+    ln->state = SBX_I_STARTING;
+    if (getenv("SBX_DEBUG_BOX"))
+        sbx_log("DEBUG %s START lang %d", b->id, lang);
+    send_simple(b, SUP_START, lang, ln->token, SUP_TOKEN_LEN);
+}
+
+void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, uint32_t err_cap,
+                  sbx_cell_cb cb, void *ud)
+{
+    lane *ln = &b->lane[lang];
+    op *o = &ln->op;
+    if (!start_op(b, o, cb, ud, out_cap, err_cap))
+        return;
+    if (ln->state != SBX_I_IDLE) { /* nothing ran: reported from the loop */
+        o->not_run = true;
+        ev_timer_start(b->loop, &b->fail_now);
+        return;
+    }
+    o->job = job;
+    if (!sbx_random_hex(SUP_NONCE_LEN / 2, o->nonce))
+        snprintf(o->nonce, sizeof o->nonce, "%032x", 0);
+    /* Output between cells was dropped as it came; what is queued now is not ours. */
+    drain_fd(ln->fd[F_OUT]);
+    drain_fd(ln->fd[F_ERR]);
+    ln->state = SBX_I_RUNNING;
+    if (job->n_files == 0) {
+        send_request(b, lang);
+        return;
+    }
+    /* Files first, through the supervisor; the code follows SUP_FILES_DONE. */
+    size_t n_parts = 1 + 4 * job->n_files;
+    const void **parts = sbx_xcalloc(n_parts, sizeof *parts);
+    size_t *lens = sbx_xcalloc(n_parts, sizeof *lens);
+    unsigned char *sizes = sbx_xcalloc(job->n_files * 8 + 4, 1);
+    sup_put32(sizes, (uint32_t)job->n_files);
+    size_t k = 0;
+    parts[k] = sizes;
+    lens[k++] = 4;
+    for (size_t i = 0; i < job->n_files; i++) {
+        unsigned char *s = sizes + 4 + 8 * i;
+        sup_put32(s, (uint32_t)job->files[i].path.len);
+        sup_put32(s + 4, (uint32_t)job->files[i].content.len);
+        parts[k] = s;
+        lens[k++] = 4;
+        parts[k] = job->files[i].path.data;
+        lens[k++] = job->files[i].path.len;
+        parts[k] = s + 4;
+        lens[k++] = 4;
+        parts[k] = job->files[i].content.data;
+        lens[k++] = job->files[i].content.len;
+    }
+    o->files_pending = true;
+    send_parts(b, SUP_FILES, lang, parts, lens, k);
+    free(parts);
+    free(lens);
+    free(sizes);
+}
+
+bool sbx_box_cell_sent(const sbx_box *b, int lang)
+{
+    return b->lane[lang].op.active && b->lane[lang].op.sent;
+}
+
+void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t err_cap,
+                  sbx_cell_cb cb, void *ud)
+{
+    if (!start_op(b, &b->snippet, cb, ud, out_cap, err_cap))
+        return;
+    unsigned char caps[8];
+    sup_put32(caps, out_cap);
+    sup_put32(caps + 4, err_cap);
+    const void *parts[2] = {caps, code->data};
+    size_t lens[2] = {8, code->len};
+    b->snippet.sent = true;
+    send_parts(b, SUP_EXEC, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_kill(sbx_box *b, int lang)
+{
+    if (getenv("SBX_DEBUG_BOX"))
+        sbx_log("DEBUG %s KILL lang %d", b->id, lang);
+    if (!b->dead && b->state == B_READY)
+        send_simple(b, SUP_KILL, lang, NULL, 0);
+}
+
+void sbx_box_sweep(sbx_box *b, sbx_sweep_cb cb, void *ud)
+{
+    b->sweeping = true;
+    b->sweep_cb = cb;
+    b->sweep_ud = ud;
+    if (b->dead || b->state != B_READY) {
+        ev_timer_start(b->loop, &b->fail_now);
+        return;
+    }
+    unsigned char measure = b->measure;
+    send_simple(b, SUP_SWEEP, SUP_LANG_NONE, &measure, 1);
+}
+
+static void on_frozen(sbx_box *b, bool ok)
+{
+    void (*cb)(void *, bool) = b->freeze_cb;
+    b->freeze_cb = NULL;
+    b->freezing = false;
+    if (cb)
+        cb(b->freeze_ud, ok);
+    if (b->state == B_CLOSING)
+        close_continue(b); /* a close waited for the freeze */
+}
+
+/* One freeze or thaw at a time per box (the session's turn serializes them). */
+void sbx_box_freeze(sbx_box *b, bool frozen, void (*cb)(void *ud, bool ok), void *ud)
+{
+    b->freezing = true;
+    b->freeze_cb = cb;
+    b->freeze_ud = ud;
+    b->ops->freeze(b->bk, b, frozen, on_frozen);
+}
+
+/* ---------------------------------------------------------------- closing */
+
+static void box_free(sbx_box *b)
+{
+    ev_timer_stop(b->loop, &b->fail_now);
+    ev_timer_stop(b->loop, &b->close_bound);
+    stop_link(b);
+    if (b->err_fd >= 0) {
+        ev_io_stop(b->loop, &b->err_io);
+        close(b->err_fd);
+    }
+    sbx_watch_cancel(b->watch);
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+        lane_close(b, l);
+    if (b->host_io) {
+        rmdir(b->host_io);
+        free(b->host_io);
+    }
+    free(b->snippet.out.data);
+    free(b->snippet.err.data);
+    for (char **a = b->argv; a && *a; a++)
+        free(*a);
+    free(b->argv);
+    free(b->wq);
+    free(b->rq);
+    free(b->id);
+    free(b->dead_why);
+    free(b);
+}
+
+static void on_cleaned(sbx_box *b)
+{
+    sbx_box_done_cb cb = b->close_cb;
+    void *ud = b->close_ud;
+    box_free(b);
+    if (cb)
+        cb(ud);
+}
+
+/* Runs whenever something the close waits for happened. */
+static void close_continue(sbx_box *b)
+{
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+        if (b->lane[l].op.active)
+            return; /* fail_now completes them first */
+    if (b->snippet.active || b->sweeping || b->freezing)
+        return;
+    if (!b->closing_started) {
+        b->closing_started = true;
+        stop_link(b); /* EOF: the supervisor kills everything and exits */
+        if (!b->exited)
+            ev_timer_start(b->loop, &b->close_bound);
+    }
+    if (!b->exited)
+        return;
+    ev_timer_stop(b->loop, &b->close_bound);
+    b->ops->cleanup(b->bk, b, on_cleaned);
+}
+
+static void on_close_bound(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_box *b = w->data;
+    sbx_log("sandbox %s did not end within %.0f s of being closed; killing it", b->id,
+            CLOSE_BOUND_S);
+    b->ops->force_kill(b->bk, b); /* the watch reports the exit */
+}
+
+void sbx_box_close(sbx_box *b, sbx_box_done_cb cb, void *ud)
+{
+    b->close_cb = cb;
+    b->close_ud = ud;
+    b->state = B_CLOSING;
+    if (!b->dead_why)
+        b->dead_why = sbx_xstrdup("the session ended while the call ran");
+    b->dead = true;
+    ev_timer_start(b->loop, &b->fail_now); /* completes what is in flight, then goes on */
+}
+
+void sbx_box_destroy_sync(sbx_box *b)
+{
+    stop_link(b); /* EOF: the supervisor ends the sandbox; forced after a bound */
+    if (!b->exited) {
+        sbx_watch_cancel(b->watch);
+        b->watch = NULL;
+        if (sbx_wait_bounded(b->pid, 2.0) == -1)
+            b->ops->force_kill(b->bk, b);
+        b->exited = true;
+    }
+    b->ops->cleanup_sync(b->bk, b);
+    box_free(b);
+}

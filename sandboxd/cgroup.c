@@ -1,0 +1,356 @@
+/*
+ * cgroup.c — cgroup v1 groups for sandboxes (see cgroup.h).
+ */
+#include "cgroup.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ROOT "/sys/fs/cgroup"
+#define FREEZE_WAIT_MS 2000
+
+static const char *const controllers[SBX_CG_N] = {"memory", "pids", "cpu", "freezer"};
+static char daemon_tag[64];
+
+const char *sbx_cgroup_daemon_tag(void)
+{
+    return daemon_tag;
+}
+
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks), as text; "" when gone. */
+static void start_time(pid_t pid, char *out, size_t n)
+{
+    out[0] = '\0';
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return;
+    buf[len] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return;
+    /* After ")": field 3 (state) is the first; the start time is field 22. */
+    int field = 2;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+        if (++field == 22) {
+            snprintf(out, n, "%s", tok);
+            return;
+        }
+    }
+}
+
+static int write_file(const char *dir, const char *file, const char *value)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    size_t len = strlen(value);
+    ssize_t n = write(fd, value, len);
+    int e = n == (ssize_t)len ? 0 : (n < 0 ? errno : EIO);
+    if (close(fd) != 0 && !e)
+        e = errno;
+    return e;
+}
+
+static char *read_path(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = sbx_xmalloc(cap + 1);
+    for (;;) {
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        if (len == cap) {
+            cap *= 2;
+            buf = sbx_xrealloc(buf, cap + 1);
+        }
+    }
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Kills the tasks of one directory (and its subdirectories), then removes them. */
+static int remove_tree(const char *dir, bool kill_tasks)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (e->d_type != DT_DIR || !strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char sub[512];
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        if (remove_tree(sub, kill_tasks) != 0)
+            rc = -1;
+    }
+    closedir(d);
+    if (kill_tasks) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+        char *procs = read_path(path);
+        for (char *tok = procs ? strtok(procs, "\n") : NULL; tok; tok = strtok(NULL, "\n"))
+            kill((pid_t)atoi(tok), SIGKILL);
+        free(procs);
+    }
+    if (rmdir(dir) != 0 && errno != ENOENT)
+        rc = -1;
+    return rc;
+}
+
+/* Removes the groups of daemons that are gone: berth/d<pid>-<start> whose process is
+ * not running with that start time. */
+static void reap_stale(void)
+{
+    for (int c = 0; c < SBX_CG_N; c++) {
+        char base[256];
+        snprintf(base, sizeof base, ROOT "/%s/berth", controllers[c]);
+        DIR *d = opendir(base);
+        if (!d)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            int pid;
+            char start[32], now[32];
+            if (e->d_name[0] != 'd' || sscanf(e->d_name, "d%d-%31s", &pid, start) != 2)
+                continue;
+            start_time(pid, now, sizeof now);
+            if (*now && strcmp(now, start) == 0)
+                continue; /* that daemon still runs */
+            char dir[600];
+            snprintf(dir, sizeof dir, "%s/%s", base, e->d_name);
+            if (remove_tree(dir, true) == 0)
+                sbx_log("removed the cgroups a stopped sandboxd left (%s/%s)", controllers[c],
+                        e->d_name);
+        }
+        closedir(d);
+    }
+}
+
+bool sbx_cgroup_init(char **why)
+{
+    *why = NULL;
+    if (geteuid() != 0) {
+        *why = sbx_xstrdup("cgroups need root (sandboxd runs as an ordinary user)");
+        return false;
+    }
+    for (int c = 0; c < SBX_CG_N; c++) {
+        char path[256];
+        snprintf(path, sizeof path, ROOT "/%s/cgroup.procs", controllers[c]);
+        if (access(path, F_OK) != 0) {
+            *why = sbx_printf("no cgroup v1 %s controller at " ROOT "/%s", controllers[c],
+                              controllers[c]);
+            return false;
+        }
+    }
+    char start[32];
+    start_time(getpid(), start, sizeof start);
+    snprintf(daemon_tag, sizeof daemon_tag, "d%d-%s", (int)getpid(), start);
+    reap_stale();
+    for (int c = 0; c < SBX_CG_N; c++) {
+        char path[256];
+        snprintf(path, sizeof path, ROOT "/%s/berth", controllers[c]);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            *why = sbx_printf("cannot create %s: %s", path, strerror(errno));
+            return false;
+        }
+        snprintf(path, sizeof path, ROOT "/%s/berth/%s", controllers[c], daemon_tag);
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            *why = sbx_printf("cannot create %s: %s", path, strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+void sbx_cgroup_fini(void)
+{
+    if (!daemon_tag[0])
+        return;
+    for (int c = 0; c < SBX_CG_N; c++) {
+        char path[256];
+        snprintf(path, sizeof path, ROOT "/%s/berth/%s", controllers[c], daemon_tag);
+        remove_tree(path, false);
+    }
+}
+
+int sbx_cgroup_create(sbx_cgroup *cg, const char *name, const sbx_cglimits *lim, char **why)
+{
+    memset(cg, 0, sizeof *cg);
+    for (int c = 0; c < SBX_CG_N; c++) {
+        cg->dir[c] = sbx_printf(ROOT "/%s/berth/%s/%s", controllers[c], daemon_tag, name);
+        if (mkdir(cg->dir[c], 0755) != 0) {
+            *why = sbx_printf("cannot create %s: %s", cg->dir[c], strerror(errno));
+            sbx_cgroup_remove(cg);
+            sbx_cgroup_forget(cg);
+            return -1;
+        }
+    }
+    char v[64];
+    int e = 0;
+    const char *what = "";
+    if (lim->memory_bytes) {
+        snprintf(v, sizeof v, "%llu", (unsigned long long)lim->memory_bytes);
+        what = "memory.limit_in_bytes";
+        e = write_file(cg->dir[SBX_CG_MEMORY], what, v);
+        char sw[512];
+        snprintf(sw, sizeof sw, "%s/memory.memsw.limit_in_bytes", cg->dir[SBX_CG_MEMORY]);
+        if (!e && access(sw, F_OK) == 0) { /* swap counted with memory: no swap at all */
+            what = "memory.memsw.limit_in_bytes";
+            e = write_file(cg->dir[SBX_CG_MEMORY], what, v);
+            cg->memsw = e == 0;
+        }
+        write_file(cg->dir[SBX_CG_MEMORY], "memory.swappiness", "0");
+    }
+    if (!e && lim->pids) {
+        snprintf(v, sizeof v, "%u", lim->pids);
+        what = "pids.max";
+        e = write_file(cg->dir[SBX_CG_PIDS], what, v);
+    }
+    if (!e && lim->cpus > 0) {
+        what = "cpu.cfs_period_us";
+        e = write_file(cg->dir[SBX_CG_CPU], what, "100000");
+        if (!e) {
+            snprintf(v, sizeof v, "%lld", (long long)(lim->cpus * 100000.0 + 0.5));
+            what = "cpu.cfs_quota_us";
+            e = write_file(cg->dir[SBX_CG_CPU], what, v);
+        }
+    }
+    if (e) {
+        *why = sbx_printf("cannot set %s for a sandbox: %s", what, strerror(e));
+        sbx_cgroup_remove(cg);
+        sbx_cgroup_forget(cg);
+        return -1;
+    }
+    return 0;
+}
+
+int sbx_cgroup_enter(const sbx_cgroup *cg)
+{
+    char pid[24];
+    snprintf(pid, sizeof pid, "%d", (int)getpid());
+    for (int c = 0; c < SBX_CG_N; c++) {
+        if (!cg->dir[c])
+            continue;
+        int e = write_file(cg->dir[c], "cgroup.procs", pid);
+        if (e)
+            return e;
+    }
+    return 0;
+}
+
+int sbx_cgroup_freeze(const sbx_cgroup *cg, bool frozen)
+{
+    const char *dir = cg->dir[SBX_CG_FREEZER];
+    if (!dir)
+        return -1;
+    if (write_file(dir, "freezer.state", frozen ? "FROZEN" : "THAWED") != 0)
+        return -1;
+    if (!frozen)
+        return 0;
+    char path[512];
+    snprintf(path, sizeof path, "%s/freezer.state", dir);
+    /* FREEZING -> FROZEN: a bounded wait on the observable state. */
+    for (int ms = 0; ms < FREEZE_WAIT_MS; ms++) {
+        char *s = read_path(path);
+        bool done = s && strncmp(s, "FROZEN", 6) == 0;
+        free(s);
+        if (done)
+            return 0;
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    write_file(dir, "freezer.state", "THAWED");
+    return -1;
+}
+
+size_t sbx_cgroup_tasks(const sbx_cgroup *cg, bool kill_them)
+{
+    size_t n = 0;
+    for (int c = 0; c < SBX_CG_N; c++) {
+        if (!cg->dir[c])
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/cgroup.procs", cg->dir[c]);
+        char *procs = read_path(path);
+        for (char *tok = procs ? strtok(procs, "\n") : NULL; tok; tok = strtok(NULL, "\n")) {
+            n++;
+            if (kill_them)
+                kill((pid_t)atoi(tok), SIGKILL);
+        }
+        free(procs);
+    }
+    return n;
+}
+
+uint64_t sbx_cgroup_oom_kills(const sbx_cgroup *cg)
+{
+    if (!cg->dir[SBX_CG_MEMORY])
+        return 0;
+    char path[512];
+    snprintf(path, sizeof path, "%s/memory.oom_control", cg->dir[SBX_CG_MEMORY]);
+    char *s = read_path(path);
+    uint64_t n = 0;
+    char *at = s ? strstr(s, "oom_kill ") : NULL;
+    if (at)
+        n = strtoull(at + 9, NULL, 10);
+    free(s);
+    return n;
+}
+
+char *sbx_cgroup_read(const sbx_cgroup *cg, int controller, const char *file)
+{
+    if (controller < 0 || controller >= SBX_CG_N || !cg->dir[controller])
+        return NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", cg->dir[controller], file);
+    return read_path(path);
+}
+
+int sbx_cgroup_remove(sbx_cgroup *cg)
+{
+    int rc = 0;
+    for (int c = 0; c < SBX_CG_N; c++) {
+        if (!cg->dir[c])
+            continue;
+        if (rmdir(cg->dir[c]) != 0 && errno != ENOENT) {
+            rc = -1;
+            continue;
+        }
+        free(cg->dir[c]);
+        cg->dir[c] = NULL;
+    }
+    return rc;
+}
+
+void sbx_cgroup_forget(sbx_cgroup *cg)
+{
+    for (int c = 0; c < SBX_CG_N; c++) {
+        free(cg->dir[c]);
+        cg->dir[c] = NULL;
+    }
+}

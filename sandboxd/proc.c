@@ -1,0 +1,337 @@
+/*
+ * proc.c — child processes on the loop (see proc.h).
+ */
+#include "proc.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <ev.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CMD_ERR_KEEP 4096
+
+/* ---------------------------------------------------------------- spawning */
+
+/* Moves fd to at least 3 (close-on-exec), so dup2 onto 0..2 never meets itself. */
+static int lift(int fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int h = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    return h < 0 ? fd : h;
+}
+
+pid_t sbx_spawn_process(const sbx_spawn *sp)
+{
+    static const char *const empty_env[] = {NULL};
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    /* The child. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    if (sp->die_with_parent) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+    }
+    if (sp->new_session)
+        setsid();
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int f0 = lift(sp->fd0 >= 0 ? sp->fd0 : null), f1 = lift(sp->fd1 >= 0 ? sp->fd1 : null),
+        f2 = lift(sp->fd2 >= 0 ? sp->fd2 : null);
+    if (f0 < 0 || f1 < 0 || f2 < 0 || dup2(f0, 0) < 0 || dup2(f1, 1) < 0 || dup2(f2, 2) < 0)
+        _exit(127);
+    syscall(SYS_close_range, 3, ~0u, 0);
+    if (sp->preexec) {
+        int e = sp->preexec(sp->preexec_ud);
+        if (e) {
+            dprintf(2, "sandboxd: cannot prepare %s: %s\n", sp->argv[0], strerror(e));
+            _exit(127);
+        }
+    }
+    execve(sp->argv[0], (char *const *)sp->argv, (char *const *)(sp->envp ? sp->envp : empty_env));
+    dprintf(2, "sandboxd: cannot run %s: %s\n", sp->argv[0], strerror(errno));
+    _exit(127);
+}
+
+/* ---------------------------------------------------------------- watching */
+
+/* libev's default loop (sandboxd's) reaps every child itself on SIGCHLD (waitpid(-1)):
+ * an ev_child watcher is the one way to get a child's status on it. */
+struct sbx_watch {
+    struct ev_loop *loop;
+    ev_child child;
+    sbx_exit_cb cb;
+    void *ud;
+};
+
+static void on_child(struct ev_loop *loop, ev_child *w, int revents)
+{
+    (void)revents;
+    sbx_watch *sw = w->data;
+    ev_child_stop(loop, w);
+    int status = w->rstatus;
+    sbx_exit_cb cb = sw->cb;
+    void *ud = sw->ud;
+    free(sw);
+    cb(ud, status);
+}
+
+sbx_watch *sbx_watch_child(struct ev_loop *loop, pid_t pid, sbx_exit_cb cb, void *ud)
+{
+    sbx_watch *w = sbx_xcalloc(1, sizeof *w);
+    w->loop = loop;
+    w->cb = cb;
+    w->ud = ud;
+    ev_child_init(&w->child, on_child, pid, 0);
+    w->child.data = w;
+    ev_child_start(loop, &w->child);
+    return w;
+}
+
+void sbx_watch_cancel(sbx_watch *w)
+{
+    if (!w)
+        return;
+    ev_child_stop(w->loop, &w->child);
+    free(w);
+}
+
+/* ---------------------------------------------------------------- helper commands */
+
+typedef struct cmd {
+    struct ev_loop *loop;
+    pid_t pid;
+    int err_fd;
+    ev_io err_io;
+    ev_timer bound, later;
+    sbx_watch *watch;
+    char err[CMD_ERR_KEEP];
+    size_t err_len;
+    bool killed;
+    int status;
+    sbx_cmd_cb cb;
+    void *ud;
+} cmd;
+
+static void cmd_read_err(cmd *c)
+{
+    while (c->err_fd >= 0) {
+        char buf[1024];
+        ssize_t n = read(c->err_fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0 || errno != EAGAIN) {
+                ev_io_stop(c->loop, &c->err_io);
+                close(c->err_fd);
+                c->err_fd = -1;
+            }
+            return;
+        }
+        size_t room = CMD_ERR_KEEP - 1 - c->err_len;
+        size_t take = (size_t)n < room ? (size_t)n : room;
+        memcpy(c->err + c->err_len, buf, take);
+        c->err_len += take;
+    }
+}
+
+static void cmd_finish(cmd *c)
+{
+    cmd_read_err(c);
+    if (c->err_fd >= 0) {
+        ev_io_stop(c->loop, &c->err_io);
+        close(c->err_fd);
+    }
+    ev_timer_stop(c->loop, &c->bound);
+    ev_timer_stop(c->loop, &c->later);
+    c->err[c->err_len] = '\0';
+    sbx_cmd_cb cb = c->cb;
+    void *ud = c->ud;
+    int status = c->killed ? -1 : c->status;
+    char err[CMD_ERR_KEEP];
+    memcpy(err, c->err, c->err_len + 1);
+    free(c);
+    cb(ud, status, err);
+}
+
+static void on_cmd_err(struct ev_loop *loop, ev_io *io, int revents)
+{
+    (void)loop;
+    (void)revents;
+    cmd_read_err(io->data);
+}
+
+static void on_cmd_exit(void *ud, int status)
+{
+    cmd *c = ud;
+    c->watch = NULL;
+    c->status = status;
+    cmd_finish(c);
+}
+
+static void on_cmd_bound(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop;
+    (void)revents;
+    cmd *c = t->data;
+    c->killed = true;
+    kill(c->pid, SIGKILL); /* the watch reports the exit */
+}
+
+static void on_cmd_later(struct ev_loop *loop, ev_timer *t, int revents)
+{
+    (void)loop;
+    (void)revents;
+    cmd *c = t->data;
+    c->status = -1;
+    cmd_finish(c);
+}
+
+void sbx_cmd_run(struct ev_loop *loop, const char *const *argv, double timeout_s, sbx_cmd_cb cb,
+                 void *ud)
+{
+    cmd *c = sbx_xcalloc(1, sizeof *c);
+    c->loop = loop;
+    c->cb = cb;
+    c->ud = ud;
+    c->err_fd = -1;
+    ev_timer_init(&c->bound, on_cmd_bound, timeout_s, 0.);
+    ev_timer_init(&c->later, on_cmd_later, 0., 0.);
+    c->bound.data = c->later.data = c;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        snprintf(c->err, sizeof c->err, "pipe: %s", strerror(errno));
+        c->err_len = strlen(c->err);
+        ev_timer_start(loop, &c->later);
+        return;
+    }
+    sbx_spawn sp = {.argv = argv, .fd0 = -1, .fd1 = -1, .fd2 = p[1], .die_with_parent = true};
+    static const char *const env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                      NULL};
+    sp.envp = env;
+    c->pid = sbx_spawn_process(&sp);
+    close(p[1]);
+    if (c->pid < 0) {
+        close(p[0]);
+        snprintf(c->err, sizeof c->err, "fork: %s", strerror(errno));
+        c->err_len = strlen(c->err);
+        ev_timer_start(loop, &c->later);
+        return;
+    }
+    c->err_fd = p[0];
+    fcntl(c->err_fd, F_SETFL, O_NONBLOCK);
+    ev_io_init(&c->err_io, on_cmd_err, c->err_fd, EV_READ);
+    c->err_io.data = c;
+    ev_io_start(loop, &c->err_io);
+    ev_timer_start(loop, &c->bound);
+    c->watch = sbx_watch_child(loop, c->pid, on_cmd_exit, c);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int sbx_wait_bounded(pid_t pid, double timeout_s)
+{
+    int status = -1;
+    double deadline = mono_s() + timeout_s;
+#ifdef SYS_pidfd_open
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pfd >= 0) {
+        for (;;) {
+            double left = deadline - mono_s();
+            if (left <= 0)
+                break;
+            struct pollfd pf = {pfd, POLLIN, 0};
+            int rc = poll(&pf, 1, (int)(left * 1000) + 1);
+            if (rc < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        close(pfd);
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+#endif
+    while (mono_s() < deadline) { /* bounded polling of an observable exit */
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        if (r < 0)
+            return -1;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return -1;
+}
+
+int sbx_cmd_run_sync(const char *const *argv, double timeout_s, char *err, size_t err_len)
+{
+    int p[2];
+    if (err_len)
+        err[0] = '\0';
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    static const char *const env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                      NULL};
+    sbx_spawn sp = {.argv = argv, .envp = env, .fd0 = -1, .fd1 = -1, .fd2 = p[1],
+                    .die_with_parent = true};
+    pid_t pid = sbx_spawn_process(&sp);
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        return -1;
+    }
+    /* Read stderr until EOF or the bound, then wait. */
+    size_t got = 0;
+    double deadline = mono_s() + timeout_s;
+    for (;;) {
+        double left = deadline - mono_s();
+        if (left <= 0)
+            break;
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int rc = poll(&pf, 1, (int)(left * 1000) + 1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0)
+            break;
+        char buf[1024];
+        ssize_t n = read(p[0], buf, sizeof buf);
+        if (n <= 0)
+            break;
+        if (err_len && got < err_len - 1) {
+            size_t take = (size_t)n < err_len - 1 - got ? (size_t)n : err_len - 1 - got;
+            memcpy(err + got, buf, take);
+            got += take;
+            err[got] = '\0';
+        }
+    }
+    close(p[0]);
+    double left = deadline - mono_s();
+    return sbx_wait_bounded(pid, left > 0.1 ? left : 0.1);
+}

@@ -1,0 +1,261 @@
+/*
+ * provider_bwrap.c — the `bwrap` provider, tier `container` (daemon.md §8, "Mapping to
+ * Berth's namespace sandbox"): bubblewrap with new user, PID, network (no interface
+ * but a down loopback), IPC, UTS, cgroup and mount namespaces; a read-only root made
+ * of read-only binds of /usr (and the /bin, /lib... links into it), a generated /etc
+ * and the supervisor binary; /proc of the new PID namespace; a minimal /dev.
+ *
+ * bubblewrap runs as the sandbox uid (--sandbox-uid, default 61000, when the daemon is
+ * root), mapped to the same uid inside, and keeps its capabilities inside the new user
+ * namespace only for the supervisor (PID 1), which then mounts the work directory,
+ * /tmp and /dev/shm as sized tmpfs with noexec, nosuid and nodev, drops every
+ * capability, sets no_new_privs, limits core size and open files, and installs the
+ * seccomp filter (seccomp.c) before it starts anything.  Memory (no swap), pids and CPU
+ * are a cgroup v1 group per sandbox when the daemon is root; without root, rlimits.
+ */
+#include "cgbox.h"
+#include "log.h"
+#include "proc.h"
+#include "realprov.h"
+#include "sbxstate.h"
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_ARGS 128
+
+struct sbx_backend {
+    struct ev_loop *loop;
+    const sbx_config *cfg;
+    sbx_state st;
+    bool cgroups;
+    sbx_cglimits lim;
+    char uid[16];
+    char *links[8][2];             /* host top-level links into /usr: {name, target} */
+    char *binds[8];                /* host top-level directories bound read-only */
+    size_t n_links, n_binds;
+    char io[512];                  /* scratch for box_config */
+};
+
+static const char *const top_level[] = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+
+static sbx_backend *bwrap_create(struct ev_loop *loop, const sbx_config *cfg, char **why)
+{
+    if (!sbx_executable(cfg->bwrap_path)) {
+        *why = sbx_printf("bubblewrap is not at %s (--bwrap)", cfg->bwrap_path);
+        return NULL;
+    }
+    if (!sbx_executable(cfg->python_path) && !sbx_executable(cfg->node_path)) {
+        *why = sbx_printf("neither %s nor %s is there", cfg->python_path, cfg->node_path);
+        return NULL;
+    }
+    if (strncmp(cfg->python_path, "/usr/", 5) != 0 || strncmp(cfg->node_path, "/usr/", 5) != 0) {
+        *why = sbx_xstrdup("the interpreters must live under /usr (the only tree the sandbox sees)");
+        return NULL;
+    }
+    sbx_backend *bk = sbx_xcalloc(1, sizeof *bk);
+    bk->loop = loop;
+    bk->cfg = cfg;
+    if (sbx_state_init(&bk->st, cfg, "bwrap", NULL, NULL, why) != 0) {
+        free(bk);
+        return NULL;
+    }
+    char *cgwhy = NULL;
+    bk->cgroups = sbx_cgroup_init(&cgwhy);
+    if (!bk->cgroups) {
+        sbx_log("bwrap provider: no cgroups (%s); memory and pids limited by rlimits only",
+                cgwhy);
+        free(cgwhy);
+    }
+    bk->lim = (sbx_cglimits){(uint64_t)cfg->memory_mb << 20, cfg->pids, cfg->cpus};
+    snprintf(bk->uid, sizeof bk->uid, "%u", (unsigned)bk->st.uid);
+    for (size_t i = 0; i < sizeof top_level / sizeof top_level[0]; i++) {
+        char path[64], target[256];
+        snprintf(path, sizeof path, "/%s", top_level[i]);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        struct stat st;
+        if (n > 0) {
+            target[n] = '\0';
+            bk->links[bk->n_links][0] = sbx_xstrdup(path);
+            bk->links[bk->n_links++][1] = sbx_xstrdup(target);
+        } else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            bk->binds[bk->n_binds++] = sbx_xstrdup(path);
+        }
+    }
+    return bk;
+}
+
+static void bwrap_destroy(sbx_backend *bk)
+{
+    for (size_t i = 0; i < bk->n_links; i++) {
+        free(bk->links[i][0]);
+        free(bk->links[i][1]);
+    }
+    for (size_t i = 0; i < bk->n_binds; i++)
+        free(bk->binds[i]);
+    sbx_state_fini(&bk->st);
+    if (bk->cgroups)
+        sbx_cgroup_fini();
+    free(bk);
+}
+
+static void bwrap_box_config(sbx_backend *bk, sbx_box_config *bc)
+{
+    bc->mode = "bwrap";
+    bc->work = "/work";
+    bc->io = "/.berth/io";
+    snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->st.dir, bc->id);
+    bc->host_io = bk->io;
+    if (bk->st.root) {
+        bc->uid = bk->st.uid;
+        bc->gid = bk->st.gid;
+    }
+    bc->supervisor_path = "/.berth/supervisor";
+    if (!bk->cgroups) {
+        bc->nproc = bk->cfg->pids; /* per uid: shared by this daemon's sandboxes */
+        bc->as_mb = bk->cfg->memory_mb;
+    }
+}
+
+typedef struct launch_ctx {
+    sbx_cgbox *c;
+    const sbx_state *st;
+} launch_ctx;
+
+static int bwrap_preexec(void *ud)
+{
+    launch_ctx *l = ud;
+    int e = sbx_cgbox_enter(l->c);
+    return e ? e : sbx_state_drop_privileges(l->st);
+}
+
+static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err, char **why)
+{
+    sbx_cgbox *c = sbx_cgbox_new(bk->loop, b);
+    if (bk->cgroups) {
+        if (sbx_cgroup_create(&c->cg, sbx_box_id(b), &bk->lim, why) != 0)
+            return -1;
+        c->has_cg = true;
+    }
+    const char *argv[MAX_ARGS];
+    size_t n = 0;
+    const char *fixed[] = {
+        bk->cfg->bwrap_path, "--unshare-user", "--unshare-pid", "--unshare-net",
+        "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", bk->uid, "--gid",
+        bk->uid, "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
+        "--cap-add", "ALL", "--ro-bind", "/usr", "/usr",
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        argv[n++] = fixed[i];
+    for (size_t i = 0; i < bk->n_links; i++) {
+        argv[n++] = "--symlink";
+        argv[n++] = bk->links[i][1];
+        argv[n++] = bk->links[i][0];
+    }
+    for (size_t i = 0; i < bk->n_binds; i++) {
+        argv[n++] = "--ro-bind";
+        argv[n++] = bk->binds[i];
+        argv[n++] = bk->binds[i];
+    }
+    const char *rest[] = {
+        "--ro-bind", bk->st.etc, "/etc", "--ro-bind", bk->st.supervisor, "/.berth/supervisor",
+        "--ro-bind", sbx_box_host_io(b), "/.berth/io",
+        "--proc", "/proc", "--dev", "/dev", "--dir", "/dev/shm", "--dir", "/work", "--dir",
+        "/tmp", "--remount-ro", "/", "--chdir", "/", "--",
+    };
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+        argv[n++] = rest[i];
+    for (const char *const *a = sbx_box_supervisor_argv(b); *a && n < MAX_ARGS - 1; a++)
+        argv[n++] = *a;
+    argv[n] = NULL;
+    static const char *const env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
+    launch_ctx l = {c, &bk->st};
+    sbx_spawn sp = {.argv = argv, .envp = env, .fd0 = in, .fd1 = out, .fd2 = err,
+                    .new_session = true, .die_with_parent = true, .preexec = bwrap_preexec,
+                    .preexec_ud = &l};
+    c->pid = sbx_spawn_process(&sp);
+    if (c->pid < 0)
+        *why = sbx_printf("fork: %s", strerror(errno));
+    return c->pid;
+}
+
+static void bwrap_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_box *b, bool ok))
+{
+    sbx_cgbox_freeze(bk->loop, b, frozen, cb);
+}
+
+static void bwrap_force_kill(sbx_backend *bk, sbx_box *b)
+{
+    (void)bk;
+    sbx_cgbox_force_kill(b);
+}
+
+static void bwrap_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
+{
+    sbx_cgbox_cleanup(bk->loop, b, cb);
+}
+
+static void bwrap_cleanup_sync(sbx_backend *bk, sbx_box *b)
+{
+    (void)bk;
+    sbx_cgbox_cleanup_sync(b);
+}
+
+static uint64_t bwrap_oom_kills(sbx_backend *bk, sbx_box *b)
+{
+    (void)bk;
+    return sbx_cgbox_oom_kills(b);
+}
+
+/* The limits of a live sandbox read back from its group (the reference's smoke test
+ * reads back pids.max and refuses on a mismatch). */
+static char *bwrap_verify(sbx_backend *bk, sbx_box *b)
+{
+    sbx_cgbox *c = sbx_box_backend_data(b);
+    if (!bk->cgroups || !c || !c->has_cg)
+        return NULL;
+    char *pids = sbx_cgroup_read(&c->cg, SBX_CG_PIDS, "pids.max");
+    char *mem = sbx_cgroup_read(&c->cg, SBX_CG_MEMORY, "memory.limit_in_bytes");
+    char *why = NULL;
+    if (!pids || strtoul(pids, NULL, 10) != bk->cfg->pids)
+        why = sbx_printf("pids.max reads back %s, not %u", pids ? pids : "nothing", bk->cfg->pids);
+    else if (!mem || strtoull(mem, NULL, 10) != (unsigned long long)bk->cfg->memory_mb << 20)
+        why = sbx_printf("memory.limit_in_bytes reads back %s, not %u MiB", mem ? mem : "nothing",
+                         bk->cfg->memory_mb);
+    free(pids);
+    free(mem);
+    return why;
+}
+
+static const sbx_backend_ops bwrap_box_ops = {
+    .launch = bwrap_launch,
+    .freeze = bwrap_freeze,
+    .force_kill = bwrap_force_kill,
+    .cleanup = bwrap_cleanup,
+    .cleanup_sync = bwrap_cleanup_sync,
+};
+
+static const sbx_real_backend bwrap_backend = {
+    .name = "bwrap",
+    .tier = "container",
+    .box_ops = &bwrap_box_ops,
+    .create = bwrap_create,
+    .destroy = bwrap_destroy,
+    .box_config = bwrap_box_config,
+    .oom_kills = bwrap_oom_kills,
+    .verify = bwrap_verify,
+    .want_isolation = true,
+    .want_seccomp = true,
+};
+
+static sbx_provider *bwrap_provider_create(struct ev_loop *loop, const sbx_config *cfg, char **why)
+{
+    return sbx_real_create(loop, cfg, &bwrap_backend, why);
+}
+
+const sbx_provider_ops sbx_bwrap_provider = SBX_REAL_PROVIDER_OPS("bwrap", bwrap_provider_create);

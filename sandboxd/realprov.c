@@ -1,0 +1,1507 @@
+/*
+ * realprov.c — sessions, cells, snippets, the smoke test and the warm pool of the
+ * providers that run real code (see realprov.h).
+ *
+ * A cell's way (daemon.md §5): the call waits for the previous call's sweep, thaws a
+ * suspended sandbox, starts the language's interpreter if none runs (the call then
+ * says interpreter_started), and sends the cell (files, code, caps, a fresh nonce) to
+ * the supervisor, which writes the files and hands the code to the kernel.  The answer
+ * comes back as the cell's kept output and a DONE (ran / raised), an EXITED (the
+ * interpreter died: exit 1, interpreter_ended) or FILES_FAILED (nothing ran).  A
+ * deadline that passes after the code was sent kills the interpreter and answers 124
+ * (timed_out, interpreter_ended); before that, the call is refused deadline_exceeded
+ * and nothing ran.  After the answer, off the caller's path, the supervisor sweeps:
+ * every process but itself and the live interpreters is killed and the disk measured;
+ * a sweep that cannot prove the strays gone ends the session boundary_failed, a disk
+ * over the budget ends it disk_exceeded (both reported to the next call).
+ *
+ * The warm pool keeps `--pool` sandboxes with every proven interpreter started; an
+ * open takes one (oldest warm first) and a new one is started in its place.  A member
+ * is never reused after a session and is replaced after 30 minutes.
+ */
+#include "realprov.h"
+
+#include "log.h"
+#include "util.h"
+
+#include <ev.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+
+#define OUTPUT_CAP 65536u              /* per stream (daemon.md §7) */
+#define KILL_BOUND_S 5.0               /* an interpreter's death after SUP_KILL */
+#define CREATE_BOUND_S 60.0            /* a sandbox's start for a single run */
+#define SMOKE_BOUND_S 90.0
+#define MEMBER_MAX_AGE_S (30. * 60.)
+#define POOL_CHECK_S 60.0
+#define POOL_RETRY_S 5.0
+#define POOL_MAX_LAUNCHING 2
+#define POOL_REFILL_DELAY_S 0.25
+
+typedef struct call call;
+typedef struct member member;
+typedef struct smoke smoke;
+
+struct sbx_psession {
+    sbx_provider *p;
+    sbx_box *box;
+    sbx_session_ended_cb on_ended;
+    void *on_ended_ud;
+    bool fresh[3];                 /* that interpreter started and no cell said so yet */
+    bool suspended, sweeping, closing, end_told;
+    bool close_after_call;         /* the close waits for the call in flight */
+    bool no_sweep;                 /* the call just answered started no process */
+    double sweep_started;
+    call *cur;                     /* the call in flight */
+    call *after_sweep;             /* a call waiting for the sweep */
+    plm_session_end pending_end;   /* found by a sweep, told between calls */
+    char *pending_detail;
+    ev_timer tell;                 /* tells pending_end from the loop */
+    /* opening */
+    bool opening;
+    sbx_open_cb open_cb;
+    void *open_ud;
+    ev_timer open_later;
+    /* closing */
+    sbx_done_cb close_cb;
+    void *close_ud;
+    sbx_psession *prev, *next;
+};
+
+struct call {
+    sbx_provider *p;
+    sbx_psession *s;               /* NULL for a single Run */
+    sbx_box *box;
+    const sbx_job *job;
+    int lang;                      /* SUP_LANG_PY / JS (cells), SUP_LANG_EXEC (snippets) */
+    sbx_run_cb cb;
+    void *ud;
+    double timeout_s;
+    ev_timer deadline, kill_bound, later;
+    bool timed_out, killing, waiting_interp, sent, launched, thawing;
+    bool op_active;                /* a box operation of the call is in flight */
+    bool restarted;                /* an interpreter that ended while starting was replaced */
+    uint64_t oom_before;
+    sbx_result *pending;           /* answered from the loop (`later`) */
+    call *prev, *next;             /* single runs in flight */
+};
+
+struct member {
+    sbx_provider *p;
+    sbx_box *box;
+    bool ready;
+    unsigned up;                   /* SBX_LANG_* running */
+    ev_tstamp born;
+    member *prev, *next;
+};
+
+struct smoke {
+    sbx_provider *p;
+    sbx_box *box;
+    sbx_smoke_cb cb;
+    void *ud;
+    ev_timer bound;
+    char *why;
+    unsigned tried, up, ok;        /* languages */
+    int waiting;                   /* interpreters not yet up or failed */
+    sbx_job job;
+    int step;
+    bool finished;
+};
+
+struct sbx_provider {
+    struct ev_loop *loop;
+    const sbx_config *cfg;
+    const sbx_real_backend *be;
+    sbx_backend *bk;
+    sbx_facts facts;
+    unsigned langs;                /* proven by the smoke test */
+    bool serving;                  /* smoke test passed: the pool may fill */
+    uint64_t seq;
+    member *members;
+    int n_members, launching;
+    ev_timer pool_check, pool_retry, pool_soon;
+    sbx_psession *sessions;
+    call *runs;
+    smoke *smoke;
+    char host_release[128];
+};
+
+static void pool_fill(sbx_provider *p);
+static void pool_refill_soon(sbx_provider *p);
+static void pool_retry_later(sbx_provider *p);
+static void call_step(call *c);
+static void thaw_then_step(call *c);
+static void continue_close(sbx_psession *s);
+static void session_after_call(sbx_psession *s);
+static void session_free(sbx_psession *s);
+
+/* ---------------------------------------------------------------- small things */
+
+static int lang_of(const char *language)
+{
+    return strcmp(language, "python") == 0 ? SUP_LANG_PY : SUP_LANG_JS;
+}
+
+static unsigned lang_bit(int lang)
+{
+    return lang == SUP_LANG_PY ? SBX_LANG_PYTHON : SBX_LANG_JAVASCRIPT;
+}
+
+static const char *lang_word(int lang)
+{
+    return lang == SUP_LANG_PY ? "python" : "javascript";
+}
+
+static void box_config(sbx_provider *p, sbx_box_config *bc, char *id, size_t id_len)
+{
+    snprintf(id, id_len, "b%llu", (unsigned long long)++p->seq);
+    const sbx_config *cfg = p->cfg;
+    *bc = (sbx_box_config){
+        .id = id,
+        .python = cfg->python_path,
+        .node = cfg->node_path,
+        .work_mb = cfg->work_mb,
+        .tmp_mb = 16,
+        .shm_mb = 16,
+        .mem_mb = cfg->memory_mb,
+        .nofile = 4096,
+        .uid = (uid_t)-1,
+        .gid = (gid_t)-1,
+        /* tmpfs file systems that cannot hold more than the budget need no measuring */
+        .measure_disk = cfg->disk_mb && cfg->work_mb + 32 > cfg->disk_mb,
+    };
+    p->be->box_config(p->bk, bc);
+}
+
+static sbx_box *new_box(sbx_provider *p, const sbx_box_events *ev, void *ud)
+{
+    char id[32];
+    sbx_box_config bc;
+    box_config(p, &bc, id, sizeof id);
+    return sbx_box_new(p->loop, p->be->box_ops, p->bk, &bc, ev, ud);
+}
+
+static void on_box_closed_free(void *ud)
+{
+    (void)ud;
+}
+
+static sbx_result *refusal(sbx_kind kind, plm_code code, plm_refusal reason, char *msg)
+{
+    sbx_result *r = sbx_result_new(kind);
+    r->status = SBX_RUN_REFUSED;
+    r->error = sbx_err_new(code, reason, "%s", msg);
+    free(msg);
+    return r;
+}
+
+/* "killed by SIGKILL", "exit status 3". */
+static void describe_wait(int status, char *out, size_t n)
+{
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char *name = sig == SIGKILL ? "SIGKILL" : sig == SIGSEGV ? "SIGSEGV"
+                         : sig == SIGABRT ? "SIGABRT" : sig == SIGTERM ? "SIGTERM" : NULL;
+        if (name)
+            snprintf(out, n, "killed by %s", name);
+        else
+            snprintf(out, n, "killed by signal %d", sig);
+    } else if (WIFEXITED(status)) {
+        snprintf(out, n, "exit status %d", WEXITSTATUS(status));
+    } else {
+        snprintf(out, n, "status %d", status);
+    }
+}
+
+/* Appends a line of the daemon's own to a result's stderr, within the cap (it is not a
+ * truncation marker: the cell's own bytes are never cut for it). */
+static void note_stderr(sbx_result *r, const char *text)
+{
+    size_t n = strlen(text);
+    if (r->err.len + n > OUTPUT_CAP)
+        return;
+    r->err.data = sbx_xrealloc(r->err.data, r->err.len + n + 1);
+    memcpy(r->err.data + r->err.len, text, n);
+    r->err.len += n;
+    r->err.data[r->err.len] = '\0';
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static void call_free(call *c)
+{
+    ev_timer_stop(c->p->loop, &c->deadline);
+    ev_timer_stop(c->p->loop, &c->kill_bound);
+    ev_timer_stop(c->p->loop, &c->later);
+    sbx_result_free(c->pending);
+    free(c);
+}
+
+static void on_single_box_closed(void *ud);
+
+/* The call's answer goes out; what follows (a sweep, a box's close) comes after. */
+static void call_finish(call *c, sbx_result *r)
+{
+    ev_timer_stop(c->p->loop, &c->deadline);
+    ev_timer_stop(c->p->loop, &c->kill_bound);
+    sbx_run_cb cb = c->cb;
+    void *ud = c->ud;
+    sbx_psession *s = c->s;
+    if (s) {
+        /* The sweep starts before the answer is built and sent, so the two overlap. */
+        if (s->after_sweep == c) /* its deadline passed while the sweep went on */
+            s->after_sweep = NULL;
+        s->cur = NULL;
+        call_free(c);
+        session_after_call(s);
+        cb(ud, r);
+        return;
+    }
+    /* A single run: its sandbox goes. */
+    sbx_provider *p = c->p;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        p->runs = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    sbx_box *box = c->box;
+    call_free(c);
+    cb(ud, r);
+    if (box)
+        sbx_box_close(box, on_single_box_closed, NULL);
+}
+
+static void on_single_box_closed(void *ud)
+{
+    (void)ud;
+}
+
+static void on_call_later(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call *c = w->data;
+    sbx_result *r = c->pending;
+    c->pending = NULL;
+    call_finish(c, r);
+}
+
+/* Answers from the loop (never inside the call that started the operation). */
+static void call_finish_later(call *c, sbx_result *r)
+{
+    c->pending = r;
+    ev_timer_start(c->p->loop, &c->later);
+}
+
+static void on_kill_bound(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call *c = w->data;
+    /* The supervisor did not report the interpreter dead: the sandbox cannot be
+     * trusted.  The answer stands (124); the session ends. */
+    sbx_log("sandbox %s: the %s interpreter did not die within %.0f s of a kill; ending the "
+            "sandbox", sbx_box_id(c->box), c->lang == SUP_LANG_EXEC ? "snippet's" : lang_word(c->lang),
+            KILL_BOUND_S);
+    sbx_result *r = sbx_result_new(c->job->kind);
+    r->exit_code = 124;
+    r->timed_out = true;
+    r->interpreter_ended = c->job->kind == SBX_KIND_CELL;
+    r->interpreter_started = c->launched;
+    r->ended = PLM_END_BOUNDARY_FAILED;
+    r->end_detail = sbx_xstrdup("an interpreter killed at its deadline could not be proven gone");
+    if (c->s)
+        c->s->end_told = true;
+    call_finish(c, r);
+}
+
+static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call *c = w->data;
+    c->timed_out = true;
+    if (c->sent) { /* the code may be running: kill it, answer 124 when it is gone */
+        c->killing = true;
+        sbx_box_kill(c->box, c->lang);
+        ev_timer_set(&c->kill_bound, KILL_BOUND_S, 0.);
+        ev_timer_start(c->p->loop, &c->kill_bound);
+        return;
+    }
+    /* Nothing was sent: refuse.  An interpreter being started for it is dropped. */
+    if (c->waiting_interp && c->lang != SUP_LANG_EXEC)
+        sbx_box_kill(c->box, c->lang);
+    c->waiting_interp = false;
+    call_finish(c, refusal(c->job->kind, PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_CAPACITY,
+                           sbx_printf("the call's deadline (%.0f ms) passed before its code was "
+                                      "sent; nothing ran", c->timeout_s * 1000)));
+}
+
+static void on_cell_result(void *ud, sbx_cell_result *cr)
+{
+    call *c = ud;
+    c->op_active = false;
+    sbx_provider *p = c->p;
+    sbx_kind kind = c->job->kind;
+    sbx_result *r = NULL;
+    switch (cr->end) {
+    case SBX_CELL_FILES_FAILED:
+        r = refusal(kind, PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST,
+                    sbx_printf("cell.files[%u] could not be written into the work directory "
+                               "(%s); the code was not run", cr->file_index, cr->errcode));
+        break;
+    case SBX_CELL_NOT_RUN:
+        r = refusal(kind, PLM_FAILED_PRECONDITION, PLM_REFUSAL_ENVIRONMENT,
+                    sbx_printf("no %s interpreter was listening; nothing ran",
+                               c->lang == SUP_LANG_EXEC ? "node" : lang_word(c->lang)));
+        break;
+    case SBX_CELL_SANDBOX_GONE:
+        if (c->s && c->s->closing) {
+            if (!c->sent) {
+                r = refusal(kind, PLM_ABORTED, PLM_REFUSAL_CAPACITY,
+                            sbx_printf("the session ended before the code was sent; nothing ran"));
+            } else {
+                r = sbx_result_new(kind);
+                r->status = SBX_RUN_UNANSWERED;
+                r->error = sbx_err_new(PLM_ABORTED, PLM_REFUSAL_NONE,
+                                       "the session ended while the call ran; it may have run");
+            }
+            break;
+        }
+        if (!c->sent) {
+            r = refusal(kind, PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                        sbx_printf("the sandbox ended before the code was sent (%s); nothing ran",
+                                   cr->text ? cr->text : "gone"));
+            if (c->s && !c->s->end_told) { /* told between calls */
+                c->s->pending_end = PLM_END_MAIN_PROCESS_ENDED;
+                free(c->s->pending_detail);
+                c->s->pending_detail = sbx_xstrdup(cr->text ? cr->text : "the sandbox ended");
+            }
+            break;
+        }
+        /* It ran and the whole sandbox went with it (a memory bomb under gVisor): the
+         * answer says so, and the session ends. */
+        r = sbx_result_new(kind);
+        r->exit_code = c->timed_out ? 124 : 1;
+        r->timed_out = c->timed_out;
+        r->interpreter_ended = kind == SBX_KIND_CELL;
+        r->interpreter_started = c->launched;
+        r->out = cr->out;
+        r->err = cr->err;
+        cr->out.data = cr->err.data = NULL;
+        r->out_truncated = cr->out_truncated;
+        r->err_truncated = cr->err_truncated;
+        {
+            char *line = sbx_printf("\n[sandboxd: the sandbox ended during the call (%s); the "
+                                    "session is over]\n", cr->text ? cr->text : "gone");
+            note_stderr(r, line);
+            free(line);
+        }
+        if (c->s) {
+            r->ended = PLM_END_MAIN_PROCESS_ENDED;
+            r->end_detail = sbx_xstrdup(cr->text ? cr->text : "the sandbox ended during the call");
+            c->s->end_told = true;
+        }
+        break;
+    case SBX_CELL_RAN:
+    case SBX_CELL_RAISED:
+    case SBX_CELL_DIED:
+    case SBX_CELL_EXITED:
+        r = sbx_result_new(kind);
+        r->out = cr->out;
+        r->err = cr->err;
+        cr->out.data = cr->err.data = NULL;
+        r->out_truncated = cr->out_truncated;
+        r->err_truncated = cr->err_truncated;
+        r->interpreter_started = kind == SBX_KIND_CELL && c->launched;
+        if (cr->end == SBX_CELL_RAN) {
+            r->exit_code = 0;
+        } else if (cr->end == SBX_CELL_RAISED) {
+            r->exit_code = 1;
+        } else if (c->timed_out) {
+            r->exit_code = 124;
+            r->timed_out = true;
+            r->interpreter_ended = kind == SBX_KIND_CELL;
+        } else if (cr->end == SBX_CELL_EXITED) {
+            r->exit_code = WIFEXITED(cr->wait_status) ? WEXITSTATUS(cr->wait_status)
+                           : WIFSIGNALED(cr->wait_status) ? 128 + WTERMSIG(cr->wait_status) : 1;
+        } else { /* the interpreter died in the cell */
+            r->exit_code = 1;
+            r->interpreter_ended = true;
+            char how[64];
+            describe_wait(cr->wait_status, how, sizeof how);
+            bool oom = p->be->oom_kills && p->be->oom_kills(p->bk, c->box) > c->oom_before;
+            char *line;
+            if (oom)
+                line = sbx_printf("\n[sandboxd: the %s interpreter was %s: out of memory (the "
+                                  "sandbox's limit is %u MiB)]\n", lang_word(c->lang), how,
+                                  p->cfg->memory_mb);
+            else if (cr->text && *cr->text)
+                line = sbx_printf("\n[sandboxd: the %s interpreter ended (%s): %s]\n",
+                                  lang_word(c->lang), how, cr->text);
+            else
+                line = sbx_printf("\n[sandboxd: the %s interpreter ended (%s)]\n",
+                                  lang_word(c->lang), how);
+            note_stderr(r, line);
+            free(line);
+        }
+        if (kind == SBX_KIND_CELL && r->interpreter_ended && c->s)
+            c->s->fresh[c->lang] = false;
+        break;
+    }
+    if (c->s)
+        c->s->no_sweep = kind == SBX_KIND_CELL && !cr->spawned &&
+                         (cr->end == SBX_CELL_RAN || cr->end == SBX_CELL_RAISED);
+    free(cr->out.data);
+    free(cr->err.data);
+    free(cr->text);
+    if (kind == SBX_KIND_CELL && c->s && r->status == SBX_RUN_ANSWERED)
+        c->s->fresh[c->lang] = false; /* said once */
+    call_finish(c, r);
+}
+
+static uint32_t effective_timeout(int32_t asked, uint32_t dflt, uint32_t max)
+{
+    if (asked <= 0)
+        return dflt;
+    return (uint32_t)asked < max ? (uint32_t)asked : max;
+}
+
+/* Moves a call forward from wherever it waits. */
+static void call_step(call *c)
+{
+    sbx_box *box = c->box;
+    if (c->s && c->s->closing) {
+        call_finish(c, refusal(c->job->kind, PLM_ABORTED, PLM_REFUSAL_CAPACITY,
+                               sbx_printf("the session ended before the code was sent; "
+                                          "nothing ran")));
+        return;
+    }
+    if (c->lang == SUP_LANG_EXEC) {
+        c->sent = c->op_active = true;
+        sbx_box_exec(box, &c->job->code, OUTPUT_CAP, OUTPUT_CAP, on_cell_result, c);
+        return;
+    }
+    switch (sbx_box_interp(box, c->lang)) {
+    case SBX_I_NONE:
+        if (!sbx_box_alive(box)) {
+            c->sent = false;
+            c->op_active = true;
+            sbx_box_cell(box, c->lang, c->job, OUTPUT_CAP, OUTPUT_CAP, on_cell_result, c); /* GONE */
+            return;
+        }
+        c->launched = true;
+        if (c->s)
+            c->s->fresh[c->lang] = true;
+        sbx_box_start(box, c->lang);
+        c->waiting_interp = true;
+        return;
+    case SBX_I_STARTING:
+        c->waiting_interp = true;
+        return;
+    case SBX_I_IDLE:
+    case SBX_I_RUNNING:
+        break;
+    }
+    c->waiting_interp = false;
+    if (c->s && c->s->fresh[c->lang])
+        c->launched = true;
+    c->oom_before = c->p->be->oom_kills ? c->p->be->oom_kills(c->p->bk, box) : 0;
+    c->sent = sbx_box_interp(box, c->lang) == SBX_I_IDLE;
+    c->op_active = true;
+    sbx_box_cell(box, c->lang, c->job, OUTPUT_CAP, OUTPUT_CAP, on_cell_result, c);
+}
+
+static call *call_new(sbx_provider *p, sbx_psession *s, sbx_box *box, const sbx_job *job,
+                      sbx_run_cb cb, void *ud)
+{
+    call *c = sbx_xcalloc(1, sizeof *c);
+    c->p = p;
+    c->s = s;
+    c->box = box;
+    c->job = job;
+    c->cb = cb;
+    c->ud = ud;
+    const sbx_config *cfg = p->cfg;
+    uint32_t ms;
+    if (job->kind == SBX_KIND_CELL) {
+        c->lang = lang_of(job->language);
+        ms = effective_timeout(job->timeout_ms, cfg->cell_timeout_ms, cfg->cell_timeout_max_ms);
+    } else {
+        c->lang = SUP_LANG_EXEC;
+        ms = effective_timeout(job->timeout_ms, cfg->snippet_timeout_ms, cfg->snippet_timeout_max_ms);
+    }
+    c->timeout_s = ms / 1000.0;
+    ev_timer_init(&c->deadline, on_deadline, c->timeout_s, 0.);
+    ev_timer_init(&c->kill_bound, on_kill_bound, KILL_BOUND_S, 0.);
+    ev_timer_init(&c->later, on_call_later, 0., 0.);
+    c->deadline.data = c->kill_bound.data = c->later.data = c;
+    return c;
+}
+
+/* An interpreter of a box the call uses came up or failed. */
+static void call_on_interp(call *c, int lang, bool up, const char *text)
+{
+    if (!c->waiting_interp || c->lang != lang)
+        return;
+    c->waiting_interp = false;
+    if (up) {
+        call_step(c);
+        return;
+    }
+    if (!c->restarted) { /* one more try: it may have been an earlier call's, killed */
+        c->restarted = true;
+        call_step(c);
+        return;
+    }
+    call_finish(c, refusal(c->job->kind, PLM_FAILED_PRECONDITION, PLM_REFUSAL_ENVIRONMENT,
+                           sbx_printf("the %s interpreter could not start (%s); nothing ran",
+                                      lang_word(lang), text && *text ? text : "it exited at once")));
+}
+
+/* ---------------------------------------------------------------- sessions: events */
+
+static void tell_end(sbx_psession *s, plm_session_end why, const char *detail)
+{
+    if (s->end_told || s->closing)
+        return;
+    s->end_told = true;
+    if (s->on_ended)
+        s->on_ended(s->on_ended_ud, why, detail);
+}
+
+static void on_tell(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_psession *s = w->data;
+    if (s->cur || s->sweeping || s->pending_end == PLM_END_OPEN)
+        return; /* told after the call or the sweep */
+    plm_session_end why = s->pending_end;
+    char *detail = s->pending_detail;
+    s->pending_end = PLM_END_OPEN;
+    s->pending_detail = NULL;
+    tell_end(s, why, detail ? detail : "");
+    free(detail);
+}
+
+static void schedule_tell(sbx_psession *s, plm_session_end why, const char *detail)
+{
+    if (s->end_told || s->closing)
+        return;
+    if (s->pending_end == PLM_END_OPEN) {
+        s->pending_end = why;
+        free(s->pending_detail);
+        s->pending_detail = sbx_xstrdup(detail);
+    }
+    ev_timer_start(s->p->loop, &s->tell);
+}
+
+static void on_sess_interp(void *ud, sbx_box *b, int lang, bool up, const char *text)
+{
+    (void)b;
+    sbx_psession *s = ud;
+    if (!up)
+        s->fresh[lang] = false;
+    if (s->cur)
+        call_on_interp(s->cur, lang, up, text);
+}
+
+static void on_sess_dead(void *ud, sbx_box *b, const char *why)
+{
+    (void)b;
+    sbx_psession *s = ud;
+    /* A call in flight learns it from its own operation; otherwise it is told now. */
+    if (!s->cur && !s->sweeping)
+        schedule_tell(s, PLM_END_MAIN_PROCESS_ENDED, why);
+}
+
+static void on_sess_ready(void *ud, sbx_box *b, const char *err);
+
+static const sbx_box_events session_events = {on_sess_ready, on_sess_interp, on_sess_dead};
+
+/* ---------------------------------------------------------------- sessions: sweep */
+
+static void on_swept(void *ud, bool ok, bool clean, uint32_t killed, uint64_t disk)
+{
+    sbx_psession *s = ud;
+    sbx_provider *p = s->p;
+    s->sweeping = false;
+    if (getenv("SBX_DEBUG_SWEEP"))
+        sbx_log("DEBUG sweep took %.3f ms (%u killed)", (ev_time() - s->sweep_started) * 1000, killed);
+    if (killed)
+        sbx_log("sandbox %s: the sweep killed %u leftover process%s", sbx_box_id(s->box), killed,
+                killed == 1 ? "" : "es");
+    if (!ok) {
+        schedule_tell(s, PLM_END_MAIN_PROCESS_ENDED, "the sandbox ended");
+    } else if (!clean) {
+        schedule_tell(s, PLM_END_BOUNDARY_FAILED,
+                      "the sweep after the call could not prove every leftover process gone");
+    } else if (p->cfg->disk_mb && disk > (uint64_t)p->cfg->disk_mb << 20) {
+        char *d = sbx_printf("the session's files use %llu MiB, over the %u MiB budget",
+                             (unsigned long long)(disk >> 20), p->cfg->disk_mb);
+        schedule_tell(s, PLM_END_DISK_EXCEEDED, d);
+        free(d);
+    }
+    call *next = s->after_sweep;
+    if (s->closing) { /* the box is closing: a call that waited for the sweep ran nothing */
+        s->after_sweep = NULL;
+        if (next) {
+            s->cur = next;
+            call_finish(next, refusal(next->job->kind, PLM_ABORTED, PLM_REFUSAL_CAPACITY,
+                                      sbx_printf("the session ended before the call started; "
+                                                 "nothing ran")));
+        }
+        return;
+    }
+    s->after_sweep = NULL;
+    if (s->pending_end != PLM_END_OPEN) {
+        ev_timer_start(p->loop, &s->tell);
+        if (next) { /* the session is over: the waiting call runs nothing */
+            const char *d = s->pending_detail ? s->pending_detail : "";
+            sbx_result *r = sbx_result_new(next->job->kind);
+            r->status = SBX_RUN_REFUSED;
+            r->error = sbx_err_session(PLM_FAILED_PRECONDITION, s->pending_end, d,
+                                       "the session has ended (%s: %s); nothing ran",
+                                       plm_session_end_name(s->pending_end), d);
+            s->cur = next;
+            call_finish(next, r);
+        }
+        return;
+    }
+    if (next) {
+        s->cur = next;
+        call_step(next);
+    }
+}
+
+static bool p_sweeps_on_hint(const sbx_psession *s)
+{
+    return s->p->be->sweep_on_hint;
+}
+
+static void session_after_call(sbx_psession *s)
+{
+    if (s->closing) {
+        if (s->close_after_call) { /* the close waited for this call */
+            s->close_after_call = false;
+            continue_close(s);
+        }
+        return;
+    }
+    if (s->end_told || !sbx_box_alive(s->box)) {
+        if (!s->end_told && !sbx_box_alive(s->box))
+            schedule_tell(s, PLM_END_MAIN_PROCESS_ENDED, "the sandbox ended");
+        return;
+    }
+    if (s->sweeping)
+        return; /* a call refused while the last sweep ran: that sweep covers it */
+    if (p_sweeps_on_hint(s) && s->no_sweep)
+        return; /* the kernel says this cell started no process */
+    s->sweeping = true;
+    s->sweep_started = ev_time();
+    sbx_box_sweep(s->box, on_swept, s);
+}
+
+/* ---------------------------------------------------------------- sessions: open */
+
+static sbx_psession *session_new(sbx_provider *p, const sbx_open_params *params)
+{
+    sbx_psession *s = sbx_xcalloc(1, sizeof *s);
+    s->p = p;
+    s->on_ended = params->on_ended;
+    s->on_ended_ud = params->on_ended_ud;
+    s->pending_end = PLM_END_OPEN;
+    ev_timer_init(&s->tell, on_tell, 0., 0.);
+    ev_timer_init(&s->open_later, NULL, 0., 0.);
+    s->tell.data = s->open_later.data = s;
+    s->next = p->sessions;
+    if (p->sessions)
+        p->sessions->prev = s;
+    p->sessions = s;
+    return s;
+}
+
+static void session_unlink(sbx_psession *s)
+{
+    sbx_provider *p = s->p;
+    if (s->prev)
+        s->prev->next = s->next;
+    else if (p->sessions == s)
+        p->sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+}
+
+static void session_free(sbx_psession *s)
+{
+    ev_timer_stop(s->p->loop, &s->tell);
+    ev_timer_stop(s->p->loop, &s->open_later);
+    session_unlink(s);
+    free(s->pending_detail);
+    free(s);
+}
+
+static void on_open_box_closed(void *ud)
+{
+    session_free(ud);
+}
+
+static void on_sess_ready(void *ud, sbx_box *b, const char *err)
+{
+    sbx_psession *s = ud;
+    sbx_provider *p = s->p;
+    if (!s->opening)
+        return;
+    s->opening = false;
+    sbx_open_cb cb = s->open_cb;
+    void *cb_ud = s->open_ud;
+    if (err) {
+        sbx_err *e = sbx_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                                 "the sandbox could not be started (%s); no session was opened",
+                                 err);
+        s->closing = true;
+        sbx_box_close(b, on_open_box_closed, s);
+        cb(cb_ud, e, NULL, NULL, NULL);
+        return;
+    }
+    for (int l = 1; l <= 2; l++) /* warm what the open hinted */
+        if (s->fresh[l] && (p->langs & lang_bit(l)))
+            sbx_box_start(b, l);
+    cb(cb_ud, NULL, s, p->be->tier, "");
+}
+
+static void on_open_later(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_psession *s = w->data;
+    s->opening = false;
+    if (getenv("SBX_DEBUG_SWEEP"))
+        sbx_log("DEBUG open answered");
+    s->open_cb(s->open_ud, NULL, s, s->p->be->tier, "");
+}
+
+/* A warm member for a new session, or NULL. */
+static member *pool_take(sbx_provider *p)
+{
+    member *best = NULL;
+    for (member *m = p->members; m; m = m->next) {
+        if (!m->ready || !sbx_box_ready(m->box))
+            continue;
+        bool warm = (m->up & p->langs) == p->langs;
+        bool best_warm = best && (best->up & p->langs) == p->langs;
+        if (!best || (warm && !best_warm) || (warm == best_warm && m->born < best->born))
+            best = m;
+    }
+    if (!best)
+        return NULL;
+    if (best->prev)
+        best->prev->next = best->next;
+    else
+        p->members = best->next;
+    if (best->next)
+        best->next->prev = best->prev;
+    p->n_members--;
+    return best;
+}
+
+void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_open_cb cb,
+                           void *ud)
+{
+    if (getenv("SBX_DEBUG_SWEEP"))
+        sbx_log("DEBUG open start");
+    sbx_psession *s = session_new(p, params);
+    s->opening = true;
+    s->open_cb = cb;
+    s->open_ud = ud;
+    member *m = p->serving ? pool_take(p) : NULL;
+    if (m) {
+        s->box = m->box;
+        sbx_box_set_events(s->box, &session_events, s);
+        for (int l = 1; l <= 2; l++) {
+            sbx_interp_state st = sbx_box_interp(s->box, l);
+            s->fresh[l] = st == SBX_I_IDLE || st == SBX_I_STARTING;
+        }
+        free(m);
+        ev_set_cb(&s->open_later, on_open_later);
+        ev_timer_start(p->loop, &s->open_later); /* answered from the loop */
+        pool_refill_soon(p);
+        return;
+    }
+    for (int l = 1; l <= 2; l++) /* the hint: started once the sandbox is up */
+        s->fresh[l] = (params->languages & lang_bit(l)) != 0;
+    s->box = new_box(p, &session_events, s);
+    pool_refill_soon(p);
+}
+
+/* ---------------------------------------------------------------- sessions: calls */
+
+void sbx_real_session_run(sbx_psession *s, const sbx_job *job, sbx_run_cb cb, void *ud)
+{
+    sbx_provider *p = s->p;
+    if (job->kind != SBX_KIND_CELL && job->kind != SBX_KIND_JAVASCRIPT) {
+        call *c = call_new(p, s, s->box, job, cb, ud);
+        s->cur = c;
+        call_finish_later(c, refusal(job->kind, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED,
+                                     sbx_printf("the %s provider runs cells and snippets in "
+                                                "sessions, not %s payloads; nothing ran",
+                                                p->be->name, job->kind == SBX_KIND_PROJECT
+                                                                 ? "project" : "module")));
+        return;
+    }
+    call *c = call_new(p, s, s->box, job, cb, ud);
+    s->no_sweep = false;
+    ev_timer_start(p->loop, &c->deadline);
+    if (s->sweeping) { /* the previous call's sweep finishes first */
+        s->after_sweep = c;
+        return;
+    }
+    s->cur = c;
+    if (s->pending_end != PLM_END_OPEN) { /* found between calls, not told yet */
+        const char *d = s->pending_detail ? s->pending_detail : "";
+        sbx_result *r = sbx_result_new(job->kind);
+        r->status = SBX_RUN_REFUSED;
+        r->error = sbx_err_session(PLM_FAILED_PRECONDITION, s->pending_end, d,
+                                   "the session has ended (%s: %s); nothing ran",
+                                   plm_session_end_name(s->pending_end), d);
+        call_finish_later(c, r);
+        return;
+    }
+    if (s->suspended) { /* thawed first */
+        thaw_then_step(c);
+        return;
+    }
+    call_step(c);
+}
+
+static void on_thawed(void *ud, bool ok)
+{
+    call *c = ud;
+    sbx_psession *s = c->s;
+    s->suspended = false;
+    c->thawing = false;
+    if (!ok) {
+        sbx_result *r = refusal(c->job->kind, PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                                sbx_printf("the suspended sandbox could not be resumed; nothing ran"));
+        schedule_tell(s, PLM_END_BOUNDARY_FAILED, "the sandbox could not be thawed");
+        call_finish(c, r);
+        return;
+    }
+    call_step(c);
+}
+
+static void thaw_then_step(call *c)
+{
+    c->thawing = true;
+    sbx_box_freeze(c->box, false, on_thawed, c);
+}
+
+typedef struct suspend_op {
+    sbx_psession *s;
+    sbx_done_cb cb;
+    void *ud;
+    ev_timer later;
+} suspend_op;
+
+static void on_suspend_later(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    suspend_op *op = w->data;
+    sbx_done_cb cb = op->cb;
+    void *ud = op->ud;
+    free(op);
+    cb(ud);
+}
+
+static void on_frozen(void *ud, bool ok)
+{
+    suspend_op *op = ud;
+    op->s->suspended = ok;
+    if (ok)
+        sbx_log("sandbox %s suspended (idle): frozen with its interpreters", sbx_box_id(op->s->box));
+    else
+        sbx_log("sandbox %s could not be suspended; retried after another idle period",
+                sbx_box_id(op->s->box));
+    sbx_done_cb cb = op->cb;
+    void *cb_ud = op->ud;
+    free(op);
+    cb(cb_ud);
+}
+
+void sbx_real_session_suspend(sbx_psession *s, sbx_done_cb cb, void *ud)
+{
+    suspend_op *op = sbx_xcalloc(1, sizeof *op);
+    op->s = s;
+    op->cb = cb;
+    op->ud = ud;
+    if (s->suspended || s->sweeping || s->cur || !sbx_box_ready(s->box)) {
+        ev_timer_init(&op->later, on_suspend_later, 0., 0.);
+        op->later.data = op;
+        ev_timer_start(s->p->loop, &op->later);
+        return;
+    }
+    sbx_box_freeze(s->box, true, on_frozen, op);
+}
+
+/* ---------------------------------------------------------------- sessions: close */
+
+static void on_session_box_closed(void *ud)
+{
+    sbx_psession *s = ud;
+    sbx_done_cb cb = s->close_cb;
+    void *cb_ud = s->close_ud;
+    session_free(s);
+    cb(cb_ud);
+}
+
+static void close_now(sbx_psession *s)
+{
+    /* A call or a sweep in flight completes first (the box fails them), then the box's
+     * close callback ends the session. */
+    sbx_box_close(s->box, on_session_box_closed, s);
+}
+
+static void on_close_thawed(void *ud, bool ok)
+{
+    (void)ok;
+    sbx_psession *s = ud;
+    s->suspended = false;
+    close_now(s);
+}
+
+static void continue_close(sbx_psession *s)
+{
+    if (s->suspended) /* frozen processes do not die: thaw, then close */
+        sbx_box_freeze(s->box, false, on_close_thawed, s);
+    else
+        close_now(s);
+}
+
+void sbx_real_session_close(sbx_psession *s, plm_session_end why, sbx_done_cb cb, void *ud)
+{
+    (void)why;
+    s->closing = true;
+    s->close_cb = cb;
+    s->close_ud = ud;
+    ev_timer_stop(s->p->loop, &s->tell);
+    call *c = s->cur;
+    if (c && !c->op_active) {
+        /* Waiting for an interpreter or a thaw, or answered already: it runs nothing
+         * now, and the close follows its answer. */
+        s->close_after_call = true;
+        if (!c->thawing && !c->pending) {
+            c->waiting_interp = false;
+            call_finish_later(c, refusal(c->job->kind, PLM_ABORTED, PLM_REFUSAL_CAPACITY,
+                                         sbx_printf("the session ended before the code was "
+                                                    "sent; nothing ran")));
+        }
+        return;
+    }
+    continue_close(s);
+}
+
+/* ---------------------------------------------------------------- single runs */
+
+static void on_single_interp(void *ud, sbx_box *b, int lang, bool up, const char *text)
+{
+    (void)ud;
+    (void)b;
+    (void)lang;
+    (void)up;
+    (void)text;
+}
+
+static void on_single_dead(void *ud, sbx_box *b, const char *why)
+{
+    (void)ud;
+    (void)b;
+    (void)why; /* the snippet's own operation reports it */
+}
+
+static void on_single_ready(void *ud, sbx_box *b, const char *err)
+{
+    call *c = ud;
+    (void)b;
+    if (err) {
+        call_finish(c, refusal(c->job->kind, PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                               sbx_printf("the sandbox could not be started (%s); nothing ran", err)));
+        return;
+    }
+    ev_timer_set(&c->deadline, c->timeout_s, 0.);
+    ev_timer_start(c->p->loop, &c->deadline);
+    call_step(c);
+}
+
+static const sbx_box_events single_events = {on_single_ready, on_single_interp, on_single_dead};
+
+void sbx_real_run(sbx_provider *p, const sbx_job *job, sbx_run_cb cb, void *ud)
+{
+    call *c = call_new(p, NULL, NULL, job, cb, ud);
+    c->next = p->runs;
+    if (p->runs)
+        p->runs->prev = c;
+    p->runs = c;
+    if (job->kind != SBX_KIND_JAVASCRIPT) {
+        call_finish_later(c, refusal(job->kind, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED,
+                                     sbx_printf("the %s provider runs JavaScript snippets outside "
+                                                "sessions, not %s payloads; nothing ran",
+                                                p->be->name, job->kind == SBX_KIND_PROJECT
+                                                                 ? "project" : "module")));
+        return;
+    }
+    c->box = new_box(p, &single_events, c);
+}
+
+/* ---------------------------------------------------------------- the pool */
+
+static void member_unlink(member *m)
+{
+    sbx_provider *p = m->p;
+    if (m->prev)
+        m->prev->next = m->next;
+    else if (p->members == m)
+        p->members = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    m->prev = m->next = NULL;
+    p->n_members--;
+}
+
+static void member_drop(member *m, const char *why)
+{
+    sbx_provider *p = m->p;
+    if (why)
+        sbx_log("warm pool: sandbox %s dropped (%s)", sbx_box_id(m->box), why);
+    if (!m->ready)
+        p->launching--;
+    member_unlink(m);
+    sbx_box_close(m->box, on_box_closed_free, NULL);
+    free(m);
+}
+
+static void on_member_ready(void *ud, sbx_box *b, const char *err)
+{
+    member *m = ud;
+    sbx_provider *p = m->p;
+    if (err) {
+        member_drop(m, err);
+        pool_retry_later(p); /* not in a tight loop */
+        return;
+    }
+    m->ready = true;
+    p->launching--;
+    for (int l = 1; l <= 2; l++)
+        if (p->langs & lang_bit(l))
+            sbx_box_start(b, l);
+    pool_fill(p);
+}
+
+static void on_member_interp(void *ud, sbx_box *b, int lang, bool up, const char *text)
+{
+    (void)b;
+    member *m = ud;
+    if (up) {
+        m->up |= lang_bit(lang);
+        if ((m->up & m->p->langs) == m->p->langs)
+            sbx_log("warm pool: sandbox %s is ready", sbx_box_id(b));
+        return;
+    }
+    sbx_provider *p = m->p;
+    char *why = sbx_printf("its %s interpreter ended: %s", lang_word(lang), text);
+    member_drop(m, why);
+    free(why);
+    pool_retry_later(p);
+}
+
+static void on_member_dead(void *ud, sbx_box *b, const char *why)
+{
+    (void)b;
+    member *m = ud;
+    sbx_provider *p = m->p;
+    member_drop(m, why);
+    pool_retry_later(p);
+}
+
+static const sbx_box_events member_events = {on_member_ready, on_member_interp, on_member_dead};
+
+static void pool_fill(sbx_provider *p)
+{
+    if (!p->serving || ev_is_active(&p->pool_retry))
+        return;
+    while (p->n_members < (int)p->cfg->pool && p->launching < POOL_MAX_LAUNCHING) {
+        member *m = sbx_xcalloc(1, sizeof *m);
+        m->p = p;
+        m->born = ev_now(p->loop);
+        m->next = p->members;
+        if (p->members)
+            p->members->prev = m;
+        p->members = m;
+        p->n_members++;
+        p->launching++;
+        m->box = new_box(p, &member_events, m);
+    }
+}
+
+/* A claim's replacement starts a little later: starting interpreters takes the CPU the
+ * new session's first cell wants (two cores here). */
+static void pool_refill_soon(sbx_provider *p)
+{
+    if (ev_is_active(&p->pool_retry) || ev_is_active(&p->pool_soon))
+        return;
+    /* Set again each time: a stopped libev timer restarts with its remaining time. */
+    ev_timer_set(&p->pool_soon, POOL_REFILL_DELAY_S, 0.);
+    ev_timer_start(p->loop, &p->pool_soon);
+}
+
+static void pool_retry_later(sbx_provider *p)
+{
+    if (ev_is_active(&p->pool_retry))
+        return;
+    ev_timer_set(&p->pool_retry, POOL_RETRY_S, 0.);
+    ev_timer_start(p->loop, &p->pool_retry);
+}
+
+static void on_pool_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    pool_fill(w->data);
+}
+
+static void on_pool_check(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    sbx_provider *p = w->data;
+    for (member *m = p->members, *next; m; m = next) {
+        next = m->next;
+        if (m->ready && ev_now(loop) - m->born > MEMBER_MAX_AGE_S)
+            member_drop(m, "it waited 30 minutes");
+    }
+    pool_fill(p);
+}
+
+/* ---------------------------------------------------------------- smoke test */
+
+static const char probe_py[] =
+    "import json, os, socket\n"
+    "r = {'uid': os.getuid(), 'release': os.uname().release}\n"
+    "def can_write(p):\n"
+    "    try:\n"
+    "        with open(p, 'w') as f:\n"
+    "            f.write('x')\n"
+    "        os.unlink(p)\n"
+    "        return True\n"
+    "    except OSError:\n"
+    "        return False\n"
+    "r['work'] = can_write('berth-probe.txt')\n"
+    "r['root'] = can_write('/berth-probe.txt')\n"
+    "r['usr'] = can_write('/usr/berth-probe.txt')\n"
+    "try:\n"
+    "    socket.create_connection(('1.1.1.1', 53), timeout=2).close()\n"
+    "    r['net'] = True\n"
+    "except OSError:\n"
+    "    r['net'] = False\n"
+    "st = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+    "for k in ('NoNewPrivs', 'Seccomp', 'CapEff'):\n"
+    "    r[k] = st.get(k, '').strip()\n"
+    "print(json.dumps(r))";
+
+static const char probe_js[] = "const answer = 6 * 7; answer";
+
+static void smoke_finish(smoke *k, char *why);
+
+static void on_smoke_box_closed(void *ud)
+{
+    smoke *k = ud;
+    sbx_provider *p = k->p;
+    p->smoke = NULL;
+    ev_timer_stop(p->loop, &k->bound);
+    char *why = k->why;
+    if (!why && !k->ok)
+        why = sbx_xstrdup("no interpreter passed");
+    if (!why) {
+        p->langs = k->ok;
+        p->facts.session.languages = k->ok;
+        p->facts.supports_javascript = (k->ok & SBX_LANG_JAVASCRIPT) != 0;
+        p->facts.javascript.languages = k->ok & SBX_LANG_JAVASCRIPT;
+        p->serving = true;
+    }
+    sbx_smoke_cb cb = k->cb;
+    void *ud2 = k->ud;
+    free(k);
+    cb(ud2, why);
+    if (p->serving) {
+        ev_timer_start(p->loop, &p->pool_check);
+        pool_fill(p);
+    }
+}
+
+static void smoke_finish(smoke *k, char *why)
+{
+    if (k->finished) {
+        free(why);
+        return;
+    }
+    k->finished = true;
+    k->why = why;
+    ev_timer_stop(k->p->loop, &k->bound);
+    sbx_box_close(k->box, on_smoke_box_closed, k);
+}
+
+static void smoke_next(smoke *k);
+
+static char *check_probe(smoke *k, const char *out)
+{
+    const sbx_real_backend *be = k->p->be;
+    json_error_t jerr;
+    json_t *j = json_loads(out, 0, &jerr);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return sbx_printf("the probe printed no verdict (%.200s)", out);
+    }
+    char *why = NULL;
+    json_int_t uid = json_integer_value(json_object_get(j, "uid"));
+    const char *release = json_string_value(json_object_get(j, "release"));
+    const char *nnp = json_string_value(json_object_get(j, "NoNewPrivs"));
+    const char *seccomp = json_string_value(json_object_get(j, "Seccomp"));
+    const char *capeff = json_string_value(json_object_get(j, "CapEff"));
+    if (!json_is_true(json_object_get(j, "work")))
+        why = sbx_xstrdup("the work directory is not writable");
+    else if (be->want_isolation && json_is_true(json_object_get(j, "net")))
+        why = sbx_xstrdup("a TCP connection left the sandbox");
+    else if (be->want_isolation && (json_is_true(json_object_get(j, "root")) ||
+                                    json_is_true(json_object_get(j, "usr"))))
+        why = sbx_xstrdup("the root file system is writable");
+    else if (be->want_isolation && uid == 0)
+        why = sbx_xstrdup("code runs as root inside");
+    else if (be->want_seccomp && (!nnp || strcmp(nnp, "1") != 0))
+        why = sbx_xstrdup("no_new_privs is not set");
+    else if (be->want_seccomp && (!seccomp || strcmp(seccomp, "2") != 0))
+        why = sbx_xstrdup("no seccomp filter is in force");
+    else if (be->want_seccomp && (!capeff || strspn(capeff, "0") != strlen(capeff)))
+        why = sbx_printf("capabilities are left (CapEff %s)", capeff ? capeff : "?");
+    else if (be->want_other_kernel && (!release || strcmp(release, k->p->host_release) == 0))
+        why = sbx_printf("the code sees the host's kernel (%s), not a sandbox kernel",
+                         release ? release : "?");
+    json_decref(j);
+    return why;
+}
+
+static void on_smoke_cell(void *ud, sbx_cell_result *r)
+{
+    smoke *k = ud;
+    int lang = k->step == 1 ? SUP_LANG_PY : SUP_LANG_JS;
+    char *why = NULL;
+    const char *out = r->out.data ? (const char *)r->out.data : "";
+    if (r->end != SBX_CELL_RAN) {
+        why = sbx_printf("the %s probe did not run cleanly (%.300s)", lang_word(lang),
+                         r->err.data ? (const char *)r->err.data : r->text ? r->text : "no output");
+    } else if (lang == SUP_LANG_PY) {
+        why = check_probe(k, out);
+    } else if (strcmp(out, "42\n") != 0) {
+        why = sbx_printf("the javascript probe printed %.100s, not 42", out);
+    }
+    free(r->out.data);
+    free(r->err.data);
+    free(r->text);
+    if (why) {
+        sbx_log("smoke test: %s", why);
+        if (lang == SUP_LANG_PY && k->p->be->want_isolation) {
+            smoke_finish(k, why); /* an isolation promise broken: the tier fails */
+            return;
+        }
+        free(why);
+    } else {
+        k->ok |= lang_bit(lang);
+    }
+    smoke_next(k);
+}
+
+static void on_smoke_swept(void *ud, bool ok, bool clean, uint32_t killed, uint64_t disk)
+{
+    (void)killed;
+    (void)disk;
+    smoke *k = ud;
+    if (!ok || !clean)
+        smoke_finish(k, sbx_xstrdup("the sweep could not prove the sandbox clean"));
+    else
+        smoke_finish(k, NULL);
+}
+
+static void smoke_next(smoke *k)
+{
+    k->step++;
+    if (k->step == 1 || k->step == 2) {
+        int lang = k->step == 1 ? SUP_LANG_PY : SUP_LANG_JS;
+        if (!(k->up & lang_bit(lang))) {
+            smoke_next(k);
+            return;
+        }
+        memset(&k->job, 0, sizeof k->job);
+        k->job.kind = SBX_KIND_CELL;
+        k->job.language = lang_word(lang);
+        k->job.code.data = lang == SUP_LANG_PY ? probe_py : probe_js;
+        k->job.code.len = strlen(k->job.code.data);
+        sbx_box_cell(k->box, lang, &k->job, OUTPUT_CAP, OUTPUT_CAP, on_smoke_cell, k);
+        return;
+    }
+    if (k->step == 3) {
+        if (!k->ok) {
+            smoke_finish(k, sbx_xstrdup("no interpreter answered its probe"));
+            return;
+        }
+        sbx_box_sweep(k->box, on_smoke_swept, k);
+    }
+}
+
+static void on_smoke_interp(void *ud, sbx_box *b, int lang, bool up, const char *text)
+{
+    (void)b;
+    smoke *k = ud;
+    if (k->finished)
+        return;
+    if (up)
+        k->up |= lang_bit(lang);
+    else
+        sbx_log("smoke test: the %s interpreter could not start: %s", lang_word(lang), text);
+    if (--k->waiting == 0)
+        smoke_next(k);
+}
+
+static void on_smoke_ready(void *ud, sbx_box *b, const char *err)
+{
+    smoke *k = ud;
+    if (err) {
+        smoke_finish(k, sbx_printf("the sandbox did not start: %s", err));
+        return;
+    }
+    char *why = k->p->be->verify ? k->p->be->verify(k->p->bk, b) : NULL;
+    if (why) {
+        smoke_finish(k, why);
+        return;
+    }
+    k->waiting = 2;
+    sbx_box_start(b, SUP_LANG_PY);
+    sbx_box_start(b, SUP_LANG_JS);
+}
+
+static void on_smoke_dead(void *ud, sbx_box *b, const char *why)
+{
+    (void)b;
+    smoke *k = ud;
+    smoke_finish(k, sbx_printf("the sandbox ended during the smoke test: %s", why));
+}
+
+static void on_smoke_bound(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    smoke *k = w->data;
+    smoke_finish(k, sbx_printf("the smoke test did not finish within %.0f s", SMOKE_BOUND_S));
+}
+
+static const sbx_box_events smoke_events = {on_smoke_ready, on_smoke_interp, on_smoke_dead};
+
+void sbx_real_smoke_test(sbx_provider *p, sbx_smoke_cb cb, void *ud)
+{
+    smoke *k = sbx_xcalloc(1, sizeof *k);
+    k->p = p;
+    k->cb = cb;
+    k->ud = ud;
+    p->smoke = k;
+    ev_timer_init(&k->bound, on_smoke_bound, SMOKE_BOUND_S, 0.);
+    k->bound.data = k;
+    ev_timer_start(p->loop, &k->bound);
+    k->box = new_box(p, &smoke_events, k);
+}
+
+/* ---------------------------------------------------------------- the provider */
+
+sbx_provider *sbx_real_create(struct ev_loop *loop, const sbx_config *cfg,
+                              const sbx_real_backend *be, char **why)
+{
+    sbx_backend *bk = be->create(loop, cfg, why);
+    if (!bk)
+        return NULL;
+    sbx_provider *p = sbx_xcalloc(1, sizeof *p);
+    p->loop = loop;
+    p->cfg = cfg;
+    p->be = be;
+    p->bk = bk;
+    struct utsname u;
+    if (uname(&u) == 0)
+        snprintf(p->host_release, sizeof p->host_release, "%s", u.release);
+    ev_timer_init(&p->pool_check, on_pool_check, POOL_CHECK_S, POOL_CHECK_S);
+    ev_timer_init(&p->pool_retry, on_pool_retry, POOL_RETRY_S, 0.);
+    ev_timer_init(&p->pool_soon, on_pool_retry, POOL_REFILL_DELAY_S, 0.);
+    p->pool_check.data = p->pool_retry.data = p->pool_soon.data = p;
+    sbx_facts *f = &p->facts;
+    f->name = be->name;
+    f->tier = be->tier;
+    f->policy = "";
+    f->supports_javascript = true;
+    f->supports_sessions = cfg->max_sessions > 0;
+    f->javascript = (sbx_env_facts){"", "", cfg->snippet_timeout_max_ms, SBX_LANG_JAVASCRIPT};
+    f->project = (sbx_env_facts){"", "", 0, 0};
+    f->module = (sbx_env_facts){"", "", 0, 0};
+    f->session = (sbx_env_facts){"", "", cfg->cell_timeout_max_ms,
+                                 SBX_LANG_JAVASCRIPT | SBX_LANG_PYTHON};
+    f->memory_mb = cfg->memory_mb;
+    f->pids = cfg->pids;
+    f->disk_mb = cfg->work_mb;
+    f->cpus = cfg->cpus;
+    return p;
+}
+
+void sbx_real_destroy(sbx_provider *p)
+{
+    ev_timer_stop(p->loop, &p->pool_check);
+    ev_timer_stop(p->loop, &p->pool_retry);
+    ev_timer_stop(p->loop, &p->pool_soon);
+    /* Normally only the pool is left; after a forced stop, everything goes now. */
+    while (p->members) {
+        member *m = p->members;
+        member_unlink(m);
+        sbx_box_destroy_sync(m->box);
+        free(m);
+    }
+    while (p->sessions) {
+        sbx_psession *s = p->sessions;
+        if (s->cur)
+            call_free(s->cur);
+        if (s->after_sweep)
+            call_free(s->after_sweep);
+        sbx_box_destroy_sync(s->box);
+        session_free(s);
+    }
+    while (p->runs) {
+        call *c = p->runs;
+        p->runs = c->next;
+        if (c->box)
+            sbx_box_destroy_sync(c->box);
+        call_free(c);
+    }
+    if (p->smoke) {
+        sbx_box_destroy_sync(p->smoke->box);
+        ev_timer_stop(p->loop, &p->smoke->bound);
+        free(p->smoke->why);
+        free(p->smoke);
+    }
+    p->be->destroy(p->bk);
+    free(p);
+}
+
+const sbx_facts *sbx_real_facts(const sbx_provider *p)
+{
+    return &p->facts;
+}

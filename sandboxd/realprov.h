@@ -1,0 +1,61 @@
+/*
+ * realprov.h — the providers that run real code (process, bwrap, gvisor) share one
+ * implementation of provider.h (realprov.c: sessions, cells, deadlines, snippets, the
+ * smoke test and the warm pool) over a backend that only knows how to make, freeze and
+ * remove one sandbox (provider_process.c, provider_bwrap.c, provider_gvisor.c).
+ */
+#ifndef SBX_REALPROV_H
+#define SBX_REALPROV_H
+
+#include "box.h"
+#include "config.h"
+#include "provider.h"
+
+struct ev_loop;
+
+typedef struct sbx_real_backend {
+    const char *name;              /* provider name: "bwrap" */
+    const char *tier;              /* the tier it claims once its smoke test passed */
+    const sbx_backend_ops *box_ops;
+    /* Checks the tools and prepares what every sandbox shares; NULL and *why when the
+     * provider cannot work here. */
+    sbx_backend *(*create)(struct ev_loop *loop, const sbx_config *cfg, char **why);
+    /* After every box is gone. */
+    void (*destroy)(sbx_backend *bk);
+    /* Fills what the backend decides for a new box (mode, paths, in-sandbox limits). */
+    void (*box_config)(sbx_backend *bk, sbx_box_config *bc);
+    /* OOM kills so far in the box's group (0 when unknown). */
+    uint64_t (*oom_kills)(sbx_backend *bk, sbx_box *b);
+    /* Extra start-up proof of the tier's promises, on a live smoke-test box (e.g. the
+     * cgroup limits read back); NULL when fine, else a malloc'd reason. */
+    char *(*verify)(sbx_backend *bk, sbx_box *b);
+    /* What the smoke probe must find inside (see realprov.c). */
+    bool want_isolation;           /* no network, read-only root, writable work dir */
+    bool want_seccomp;             /* Seccomp: 2, NoNewPrivs: 1, no capabilities */
+    bool want_other_kernel;        /* a kernel release other than the host's (gVisor) */
+    /* Sweeps cost enough here (gVisor: tens of microseconds per system call inside) that
+     * a cell whose kernel says it started no process is not swept after. */
+    bool sweep_on_hint;
+} sbx_real_backend;
+
+sbx_provider *sbx_real_create(struct ev_loop *loop, const sbx_config *cfg,
+                              const sbx_real_backend *be, char **why);
+void sbx_real_destroy(sbx_provider *p);
+const sbx_facts *sbx_real_facts(const sbx_provider *p);
+void sbx_real_smoke_test(sbx_provider *p, sbx_smoke_cb cb, void *ud);
+void sbx_real_run(sbx_provider *p, const sbx_job *job, sbx_run_cb cb, void *ud);
+void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_open_cb cb,
+                           void *ud);
+void sbx_real_session_run(sbx_psession *s, const sbx_job *job, sbx_run_cb cb, void *ud);
+void sbx_real_session_suspend(sbx_psession *s, sbx_done_cb cb, void *ud);
+void sbx_real_session_close(sbx_psession *s, plm_session_end why, sbx_done_cb cb, void *ud);
+
+#define SBX_REAL_PROVIDER_OPS(NAME, CREATE)                                                   \
+    {                                                                                        \
+        .name = NAME, .create = CREATE, .destroy = sbx_real_destroy, .facts = sbx_real_facts, \
+        .smoke_test = sbx_real_smoke_test, .run = sbx_real_run,                               \
+        .session_open = sbx_real_session_open, .session_run = sbx_real_session_run,           \
+        .session_suspend = sbx_real_session_suspend, .session_close = sbx_real_session_close, \
+    }
+
+#endif

@@ -1,0 +1,1160 @@
+/*
+ * test_providers.c — sandboxd's real providers (gvisor: tier kernel, bwrap: tier
+ * container, process: tier process) end to end through libplimsoll, so every answer's
+ * record is verified: notebook semantics in Python and JavaScript, files, exceptions,
+ * deadlines, truncation, interpreter restarts, snippets, idle suspend, lifetime, owner
+ * caps and `replaced`, capacity, close, the sweep, the drain, and the security probes
+ * (network, writes outside the work directory, the daemon's token file, another
+ * session's files, a fork bomb, a memory bomb, an infinite loop, output floods, the
+ * session id).  Each test runs once per provider in its own group; a group whose
+ * provider fails its start-up smoke test on this machine is skipped with the reason.
+ *
+ * BERTH_TEST_PROVIDERS=bwrap,process limits the run to those groups.
+ *
+ * Waits are bounded and observable: daemon start-up (its listening line), the daemon's
+ * log (a suspend), calls' own answers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <dirent.h>
+#include <ev.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "plimsoll.h"
+#include "sbxproc.h"
+
+#define WAIT_MS 20000            /* a bound on every wait for the daemon */
+#define OWNER_CAP 1
+#define MAX_SESSIONS 4
+
+typedef struct provider {
+    const char *name;
+    bool isolating;              /* container or kernel tier: the isolation probes apply */
+    sbx_proc d;
+    bool up;
+    char skip_why[512];
+    plm_client *c;
+    char tag[64];                /* the daemon's cgroup / state tag: d<pid>-<start> */
+} provider;
+
+static provider providers[] = {
+    {.name = "gvisor", .isolating = true},
+    {.name = "bwrap", .isolating = true},
+    {.name = "process", .isolating = false},
+};
+/* P: the group's provider (declared above). */
+
+/* ---------------------------------------------------------------- helpers */
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static provider *P;
+
+/* The end of the daemon's log, to see what it saw when a test fails. */
+static void print_log_tail(void)
+{
+    char *log = P && P->up ? sbx_read_log(&P->d) : NULL;
+    if (!log)
+        return;
+    size_t len = strlen(log);
+    const char *from = len > 3000 ? log + len - 3000 : log;
+    print_error("sandboxd's log ends:\n%s\n", from);
+    free(log);
+}
+
+static void ok(plm_error *e)
+{
+    if (e) {
+        print_log_tail();
+        print_error("unexpected error [%s]: %s\n", plm_code_name(e->code), e->message);
+        plm_error_free(e);
+        fail();
+    }
+}
+
+static void contains(const char *hay, const char *needle)
+{
+    if (!hay || !strstr(hay, needle))
+        fail_msg("\"%.600s\" does not contain \"%s\"", hay ? hay : "(null)", needle);
+}
+
+static void lacks(const char *hay, const char *needle)
+{
+    if (hay && strstr(hay, needle))
+        fail_msg("\"%.600s\" contains \"%s\"", hay, needle);
+}
+
+/* Asserts an error's class and frees it. */
+static void expect(plm_error *e, plm_code code, plm_refusal mark, const char *needle)
+{
+    if (!e)
+        fail_msg("expected %s, got success", plm_code_name(code));
+    if (e->code != code || e->not_dispatched != mark)
+        fail_msg("expected %s/%s, got %s/%s: %s", plm_code_name(code),
+                 mark == PLM_REFUSAL_NONE ? "unmarked" : plm_refusal_name(mark),
+                 plm_code_name(e->code),
+                 e->not_dispatched == PLM_REFUSAL_NONE ? "unmarked" : plm_refusal_name(e->not_dispatched),
+                 e->message);
+    if (needle)
+        contains(e->message, needle);
+    plm_error_free(e);
+}
+
+static void need(void)
+{
+    if (!P->up) {
+        print_message("skipped: provider %s: %s\n", P->name, P->skip_why);
+        skip();
+    }
+}
+
+static void need_isolation(void)
+{
+    need();
+    if (!P->isolating) {
+        print_message("skipped for provider %s: tier process makes no isolation claim (no "
+                      "namespaces: it shares the host's network, file system and uid)\n",
+                      P->name);
+        skip();
+    }
+}
+
+typedef struct sess_opts {
+    const char *owner;
+    int64_t idle_ms, lifetime_ms;
+} sess_opts;
+
+/* Sessions a test opened and has not closed: closed after it, even when it failed. */
+static plm_session *opened[16];
+
+static void track(plm_session *s, bool add)
+{
+    for (size_t i = 0; i < sizeof opened / sizeof opened[0]; i++)
+        if (add ? !opened[i] : opened[i] == s) {
+            opened[i] = add ? s : NULL;
+            return;
+        }
+}
+
+static plm_session *open_with(const sess_opts *so)
+{
+    plm_session_options o;
+    memset(&o, 0, sizeof o);
+    if (so) {
+        o.owner = so->owner;
+        o.idle_timeout_ms = so->idle_ms;
+        o.lifetime_ms = so->lifetime_ms;
+    }
+    plm_session *s = NULL;
+    ok(plm_open_session_sync(P->c, &o, &s));
+    assert_non_null(s);
+    track(s, true);
+    return s;
+}
+
+static plm_session *open_s(void)
+{
+    return open_with(NULL);
+}
+
+static void close_s(plm_session *s)
+{
+    track(s, false);
+    plm_close_summary *sum = NULL;
+    plm_error *e = plm_session_close_sync(s, &sum);
+    if (e && e->session_ended == PLM_END_UNKNOWN)
+        fail_msg("close: %s", e->message);
+    plm_error_free(e);
+    plm_close_summary_free(sum);
+    plm_session_free(s);
+}
+
+static plm_error *try_cell(plm_session *s, const char *lang, const char *code, int64_t timeout_ms,
+                           const plm_file *files, size_t n_files, plm_result **out)
+{
+    plm_cell cl = {lang, code, files, n_files};
+    plm_run_options o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = timeout_ms;
+    *out = NULL;
+    return plm_session_run_cell_sync(s, &cl, &o, out);
+}
+
+static plm_result *cell_t(plm_session *s, const char *lang, const char *code, int64_t timeout_ms)
+{
+    plm_result *r = NULL;
+    ok(try_cell(s, lang, code, timeout_ms, NULL, 0, &r));
+    assert_non_null(r);
+    return r;
+}
+
+static plm_result *cell(plm_session *s, const char *lang, const char *code)
+{
+    return cell_t(s, lang, code, 0);
+}
+
+/* A cell that must run cleanly and print exactly `want` on stdout. */
+static void cell_prints(plm_session *s, const char *lang, const char *code, const char *want)
+{
+    plm_result *r = cell(s, lang, code);
+    if (r->exit_code != 0 || strcmp(r->stdout_text, want) != 0)
+        fail_msg("%s cell %s: exit %d, stdout \"%s\" (want \"%s\"), stderr \"%.800s\"", lang,
+                 code, r->exit_code, r->stdout_text, want, r->stderr_text);
+    plm_result_free(r);
+}
+
+static void daemon_still_serves(void)
+{
+    plm_info *info = NULL;
+    ok(plm_describe_sync(P->c, &info));
+    assert_string_equal(info->sandbox, P->name);
+    plm_info_free(info);
+}
+
+static size_t count_in_log(const char *needle)
+{
+    char *log = sbx_read_log(&P->d);
+    size_t n = 0;
+    for (const char *at = log; at && (at = strstr(at, needle)); at += strlen(needle))
+        n++;
+    free(log);
+    return n;
+}
+
+/* Waits (bounded, polling the daemon's log) until `needle` appears more than `than`
+ * times. */
+static bool wait_log(const char *needle, size_t than)
+{
+    for (long long end = mono_ms() + WAIT_MS; mono_ms() < end;) {
+        if (count_in_log(needle) > than)
+            return true;
+        poll(NULL, 0, 20);
+    }
+    return false;
+}
+
+/* ---------------------------------------------------------------- groups */
+
+static int group_setup(void **state)
+{
+    (void)state; /* the group's provider is P, set by main */
+    const char *args[] = {"--provider", P->name, "--pool", "1", "--max-sessions", "4",
+                          "--max-sessions-per-owner", "1", NULL};
+    P->up = false;
+    if (sbx_start(&P->d, args) != 0) {
+        /* Skipped only when the provider's own start-up check says it cannot work here. */
+        char *log = sbx_read_log(&P->d);
+        const char *why = log ? strstr(log, "failed its smoke test") : NULL;
+        if (!why && log)
+            why = strstr(log, "would not start");
+        if (why) {
+            snprintf(P->skip_why, sizeof P->skip_why, "%.400s", why);
+            char *nl = strchr(P->skip_why, '\n');
+            if (nl)
+                *nl = '\0';
+            print_message("provider %s is not available here: %s\n", P->name, P->skip_why);
+        } else {
+            snprintf(P->skip_why, sizeof P->skip_why, "sandboxd did not start");
+        }
+        free(log);
+        sbx_stop(&P->d);
+        return why ? 0 : -1;
+    }
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = P->d.url;
+    o.token = P->d.token;
+    ok(plm_client_new(NULL, &o, &P->c));
+    /* The daemon's tag, as its cgroups and state directories are named. */
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)P->d.pid);
+    FILE *f = fopen(path, "r");
+    if (f && fgets(buf, sizeof buf, f)) {
+        char *rp = strrchr(buf, ')');
+        int field = 2;
+        for (char *tok = rp ? strtok(rp + 1, " ") : NULL; tok; tok = strtok(NULL, " "))
+            if (++field == 22) {
+                snprintf(P->tag, sizeof P->tag, "d%d-%s", (int)P->d.pid, tok);
+                break;
+            }
+    }
+    if (f)
+        fclose(f);
+    P->up = true;
+    return 0;
+}
+
+static int test_teardown(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof opened / sizeof opened[0]; i++)
+        if (opened[i]) {
+            plm_close_summary *sum = NULL;
+            plm_error_free(plm_session_close_sync(opened[i], &sum));
+            plm_close_summary_free(sum);
+            plm_session_free(opened[i]);
+            opened[i] = NULL;
+        }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    if (P->c)
+        plm_client_free(P->c);
+    P->c = NULL;
+    sbx_stop(&P->d);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- notebook semantics */
+
+static void test_D27_D28_python_state_last_expression_and_await(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell(s, "python", "x = 41\nx + 1");
+    assert_int_equal(r->exit_code, 0);
+    assert_string_equal(r->stdout_text, "42\n");
+    assert_true(r->interpreter_started);
+    assert_string_equal(r->isolation, plm_session_isolation(s));
+    plm_result_free(r);
+    r = cell(s, "python", "x");
+    assert_string_equal(r->stdout_text, "41\n");
+    assert_false(r->interpreter_started);
+    plm_result_free(r);
+    cell_prints(s, "python", "_ * 2", "82\n");                     /* `_` is the last value */
+    cell_prints(s, "python", "None", "");                          /* None prints nothing */
+    cell_prints(s, "python", "print('a')\n'b'", "a\n'b'\n");       /* repr of the last value */
+    cell_prints(s, "python", "import asyncio\nawait asyncio.sleep(0)\n5", "5\n");
+    cell_prints(s, "python", "async def f():\n    return 6\nawait f()", "6\n");
+    cell_prints(s, "python", "import json\njson.dumps({'k': 'é'}, ensure_ascii=False)",
+                "'{\"k\": \"é\"}'\n");
+    close_s(s);
+}
+
+static void test_D29_javascript_redeclare_await_inspect(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell(s, "javascript", "let a = 1; a");
+    assert_string_equal(r->stdout_text, "1\n");
+    assert_true(r->interpreter_started);
+    plm_result_free(r);
+    cell_prints(s, "javascript", "let a = 2; const b = a + 1; b", "3\n"); /* redeclared */
+    cell_prints(s, "javascript", "const b = 10; b", "10\n");
+    cell_prints(s, "javascript", "class K {}; 1", "1\n");
+    cell_prints(s, "javascript", "class K { v() { return 3 } }; new K().v()", "3\n");
+    cell_prints(s, "javascript", "await new Promise(r => setTimeout(() => r(9), 5))", "9\n");
+    cell_prints(s, "javascript", "({a: [1, 2, 3], s: 'é'})", "{ a: [ 1, 2, 3 ], s: 'é' }\n");
+    cell_prints(s, "javascript", "_.a.length", "3\n");
+    cell_prints(s, "javascript", "undefined", "");
+    cell_prints(s, "javascript", "console.log('x'); 'y'", "x\n'y'\n");
+    /* util.inspect's bounds: at most 100 array items. */
+    r = cell(s, "javascript", "Array.from({length: 150}, (_, i) => i)");
+    contains(r->stdout_text, "... 50 more items");
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D26_D36_files_before_code_shared_and_importable(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_file files[] = {
+        {"data/in.txt", "h\xc3\xa9llo"},
+        {"mymod.py", "def f():\n    return 7\n"},
+        {"m.js", "module.exports = 5;\n"},
+    };
+    plm_result *r = NULL;
+    ok(try_cell(s, "python", "open('data/in.txt', encoding='utf-8').read()", 0, files, 3, &r));
+    assert_string_equal(r->stdout_text, "'h\xc3\xa9llo'\n");
+    plm_result_free(r);
+    cell_prints(s, "python", "import mymod\nmymod.f()", "7\n");        /* imports from /work */
+    cell_prints(s, "python", "import os, stat\noct(stat.S_IMODE(os.stat('mymod.py').st_mode))",
+                "'0o644'\n");
+    cell_prints(s, "python", "open('out.txt', 'w').write('from python')", "11\n");
+    cell_prints(s, "javascript", "require('fs').readFileSync('out.txt', 'utf8')", "'from python'\n");
+    cell_prints(s, "javascript", "require('./m.js')", "5\n");
+    cell_prints(s, "javascript", "require('fs').readFileSync('data/in.txt', 'utf8')",
+                "'h\xc3\xa9llo'\n");
+    /* A later cell rewrites a file: truncated, not appended. */
+    plm_file again[] = {{"data/in.txt", "x"}};
+    ok(try_cell(s, "python", "open('data/in.txt').read()", 0, again, 1, &r));
+    assert_string_equal(r->stdout_text, "'x'\n");
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D37_file_that_cannot_be_written_is_refused_state_kept(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "import os\nkeep = 5\nos.symlink('/etc', 'link')\n'ok'", "'ok'\n");
+    plm_file bad[] = {{"first.txt", "1"}, {"link/x.txt", "2"}};
+    plm_result *r = NULL;
+    plm_error *e = try_cell(s, "python", "print('ran')", 0, bad, 2, &r);
+    assert_null(r);
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_INVALID_ARGUMENT);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_REQUEST);
+    contains(e->message, "files[1]");
+    contains(e->message, "EPATH");
+    plm_error_free(e);
+    /* Nothing ran, the state and the earlier file stay, the link was not followed. */
+    cell_prints(s, "python", "keep", "5\n");
+    cell_prints(s, "python", "import os\nos.path.exists('first.txt'), os.path.exists('/etc/x.txt')",
+                "(True, False)\n");
+    close_s(s);
+}
+
+static void test_D43_unsafe_paths_refused_before_anything_runs(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    const char *bad_paths[] = {"../escape.txt", "/abs.txt", ".plimsoll/x", "a/../../b"};
+    for (size_t i = 0; i < sizeof bad_paths / sizeof bad_paths[0]; i++) {
+        plm_file f[] = {{bad_paths[i], "x"}};
+        plm_result *r = NULL;
+        plm_error *e = try_cell(s, "python", "print('ran')", 0, f, 1, &r);
+        assert_null(r);
+        if (!e || e->not_dispatched != PLM_REFUSAL_REQUEST)
+            fail_msg("path %s was not refused as a request", bad_paths[i]);
+        plm_error_free(e);
+    }
+    close_s(s);
+}
+
+static void test_D30_exceptions_end_the_cell_not_the_interpreter(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "kept = 'yes'", "");
+    plm_result *r = cell(s, "python", "def f():\n    raise ValueError('boom')\nf()");
+    assert_int_equal(r->exit_code, 1);
+    assert_false(r->interpreter_ended);
+    assert_true(strncmp(r->stderr_text, "Traceback (most recent call last):\n  File \"<cell ", 49) == 0);
+    contains(r->stderr_text, "ValueError: boom");
+    lacks(r->stderr_text, "_berth_kernel");
+    lacks(r->stderr_text, "<string>");
+    plm_result_free(r);
+    r = cell(s, "python", "exit(3)");                  /* SystemExit ends the cell only */
+    assert_int_equal(r->exit_code, 1);
+    assert_false(r->interpreter_ended);
+    contains(r->stderr_text, "SystemExit: 3");
+    plm_result_free(r);
+    r = cell(s, "python", "1 +");
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "SyntaxError");
+    plm_result_free(r);
+    cell_prints(s, "python", "kept", "'yes'\n");
+    cell_prints(s, "javascript", "var jk = 1; jk", "1\n");
+    r = cell(s, "javascript", "throw new Error('bad')");
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "Error: bad");
+    lacks(r->stderr_text, "[eval]");
+    plm_result_free(r);
+    r = cell(s, "javascript", "nope()");
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "ReferenceError");
+    plm_result_free(r);
+    cell_prints(s, "javascript", "jk", "1\n");
+    close_s(s);
+}
+
+static void test_D31_javascript_errors_outside_cells_are_not_fatal(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "javascript", "var alive = 'still'; setTimeout(() => { throw new Error('late'); }, 1); "
+                                 "Promise.reject(new Error('nobody')); 1", "1\n");
+    /* A timer that throws after the cell: printed, never fatal; the state survives. */
+    plm_result *r = cell(s, "javascript", "await new Promise(r => setTimeout(r, 20)); alive");
+    assert_int_equal(r->exit_code, 0);
+    contains(r->stdout_text, "'still'");
+    assert_false(r->interpreter_started);
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D32_interpreter_death_in_a_cell_exit_1_interpreter_ended(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "gone = 1", "");
+    plm_result *r = cell(s, "python", "import os\nprint('before', flush=True)\nos._exit(3)");
+    assert_int_equal(r->exit_code, 1);
+    assert_true(r->interpreter_ended);
+    assert_false(r->timed_out);
+    contains(r->stdout_text, "before");
+    plm_result_free(r);
+    r = cell(s, "python", "'gone' in globals()");
+    assert_string_equal(r->stdout_text, "False\n");
+    assert_true(r->interpreter_started);
+    plm_result_free(r);
+    r = cell(s, "javascript", "process.exit(4)");
+    assert_int_equal(r->exit_code, 1);
+    assert_true(r->interpreter_ended);
+    plm_result_free(r);
+    r = cell(s, "javascript", "2");
+    assert_true(r->interpreter_started);
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D33_deadline_kills_interpreter_next_cell_fresh(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "x = 5", "");
+    long long t0 = mono_ms();
+    plm_result *r = cell_t(s, "python", "print('started', flush=True)\nwhile True:\n    pass", 1500);
+    long long took = mono_ms() - t0;
+    assert_int_equal(r->exit_code, 124);
+    assert_true(r->timed_out);
+    assert_true(r->interpreter_ended);
+    contains(r->stdout_text, "started"); /* what it printed before the deadline is kept */
+    if (took < 1400 || took > 8000)
+        fail_msg("the 1500 ms deadline answered after %lld ms", took);
+    plm_result_free(r);
+    r = cell(s, "python", "'x' in globals()");
+    assert_string_equal(r->stdout_text, "False\n");
+    assert_true(r->interpreter_started);
+    plm_result_free(r);
+    r = cell_t(s, "javascript", "while (true) {}", 1500);
+    assert_int_equal(r->exit_code, 124);
+    assert_true(r->timed_out);
+    assert_true(r->interpreter_ended);
+    plm_result_free(r);
+    r = cell(s, "javascript", "typeof x");
+    assert_string_equal(r->stdout_text, "'undefined'\n");
+    assert_true(r->interpreter_started);
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D34_deadline_before_the_code_was_sent_runs_nothing(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    /* Kill the interpreter, then give the next cell less time than a start takes. */
+    plm_result *r = cell(s, "python", "import os\nos._exit(0)");
+    assert_true(r->interpreter_ended);
+    plm_result_free(r);
+    plm_error *e = try_cell(s, "python", "open('ran.txt', 'w').write('x')", 1, NULL, 0, &r);
+    expect(e, PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_CAPACITY, "nothing ran");
+    cell_prints(s, "python", "import os\nos.path.exists('ran.txt')", "False\n");
+    close_s(s);
+}
+
+static void test_D35_pooled_first_cell_of_each_language_says_started(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    for (int i = 0; i < 2; i++) {
+        const char *lang = i ? "javascript" : "python";
+        plm_result *r = cell(s, lang, "1");
+        assert_true(r->interpreter_started);
+        plm_result_free(r);
+        r = cell(s, lang, "2");
+        assert_false(r->interpreter_started);
+        assert_false(r->interpreter_ended);
+        plm_result_free(r);
+    }
+    close_s(s);
+}
+
+static void test_D40_output_capped_at_64_KiB_prefix_kept_flags_set(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell(s, "python", "import sys\nsys.stdout.write('a' * 200000)\n"
+                                      "sys.stderr.write('b' * 100000)\nNone");
+    assert_int_equal(r->exit_code, 0);
+    assert_int_equal(r->stdout_bytes.len, 65536);
+    assert_int_equal(r->stderr_bytes.len, 65536);
+    assert_true(r->stdout_truncated);
+    assert_true(r->stderr_truncated);
+    for (size_t i = 0; i < r->stdout_bytes.len; i++)
+        if (r->stdout_bytes.data[i] != 'a')
+            fail_msg("byte %zu of the kept prefix is not the cell's", i);
+    plm_result_free(r);
+    /* Exactly the cap: nothing cut. */
+    r = cell(s, "javascript", "process.stdout.write('c'.repeat(65536)); undefined");
+    assert_int_equal(r->stdout_bytes.len, 65536);
+    assert_false(r->stdout_truncated);
+    plm_result_free(r);
+    /* A flood of 64 MiB ends quickly and cut; the interpreter lives on. */
+    long long t0 = mono_ms();
+    r = cell_t(s, "python", "import sys\nchunk = 'z' * (1 << 20)\nfor _ in range(64):\n"
+                            "    sys.stdout.write(chunk)\n'done'", 60000);
+    assert_int_equal(r->exit_code, 0);
+    assert_true(r->stdout_truncated);
+    assert_int_equal(r->stdout_bytes.len, 65536);
+    print_message("64 MiB flood answered in %lld ms\n", mono_ms() - t0);
+    plm_result_free(r);
+    cell_prints(s, "python", "1", "1\n");
+    close_s(s);
+}
+
+static void test_D41_output_between_cells_is_discarded(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "javascript",
+                "globalThis.t = setInterval(() => console.log('tick ' + Date.now()), 2); 'on'",
+                "'on'\n");
+    /* Time passes for this session while another one works (no sleep here). */
+    plm_session *other = open_s();
+    plm_result *busy = cell(other, "python", "import time\ntime.sleep(0.3)\n'slept'");
+    plm_result_free(busy);
+    close_s(other);
+    plm_result *r = cell(s, "javascript", "clearInterval(t); const started = Date.now(); started");
+    /* Every tick in this answer came from this cell's own time (its request queued
+     * behind nothing); the ones of the 300+ ms between the cells are gone. */
+    const char *text = r->stdout_text;
+    const char *last = strrchr(text, '\n');
+    assert_non_null(last);
+    const char *line = text;
+    long long started = 0;
+    for (const char *p = text; p < last; p++)
+        if (*p == '\n')
+            line = p + 1;
+    started = atoll(line);
+    assert_true(started > 0);
+    for (const char *p = text; (p = strstr(p, "tick ")); p += 5) {
+        long long t = atoll(p + 5);
+        if (t < started - 100)
+            fail_msg("a tick printed %lld ms before the cell started leaked into it", started - t);
+    }
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D25_a_process_left_behind_is_gone_by_the_next_call(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "import subprocess\np = subprocess.Popen(['sleep', '300'])\n"
+                             "p.poll() is None", "True\n");
+    cell_prints(s, "python", "p.wait(timeout=5)", "-9\n"); /* SIGKILLed by the sweep */
+    cell_prints(s, "javascript", "const cp = require('child_process');\n"
+                                 "globalThis.c = cp.spawn('sleep', ['300']); c.pid > 0", "true\n");
+    cell_prints(s, "javascript", "await new Promise(r => c.exitCode !== null || c.signalCode ? "
+                                 "r() : c.on('exit', r)); c.signalCode", "'SIGKILL'\n");
+    close_s(s);
+}
+
+/* ---------------------------------------------------------------- snippets, describe */
+
+static void test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline(void **state)
+{
+    (void)state;
+    need();
+    plm_result *r = NULL;
+    ok(plm_run_javascript_sync(P->c, "console.log(1 + 1); console.error('e'); process.exit(3)",
+                               NULL, &r));
+    assert_string_equal(r->stdout_text, "2\n");
+    assert_string_equal(r->stderr_text, "e\n");
+    assert_int_equal(r->exit_code, 3);
+    assert_string_equal(r->sandbox, P->name);
+    plm_result_free(r);
+    plm_run_options o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = 1000;
+    ok(plm_run_javascript_sync(P->c, "while (true) {}", &o, &r));
+    assert_int_equal(r->exit_code, 124);
+    assert_true(r->timed_out);
+    plm_result_free(r);
+    /* In a session, a snippet sees the session's files. */
+    plm_session *s = open_s();
+    cell_prints(s, "python", "open('shared.txt', 'w').write('seen')", "4\n");
+    ok(plm_session_run_javascript_sync(s, "console.log(require('fs').readFileSync('shared.txt', "
+                                          "'utf8'))", NULL, &r));
+    assert_string_equal(r->stdout_text, "seen\n");
+    assert_int_equal(r->exit_code, 0);
+    plm_result_free(r);
+    close_s(s);
+    /* Describe states what the start-up checks proved, and the limits. */
+    plm_info *info = NULL;
+    ok(plm_describe_sync(P->c, &info));
+    assert_true(info->supports_sessions);
+    assert_true(info->session.python);
+    assert_true(info->session.javascript);
+    assert_int_equal(info->session.max_timeout_ms, 120000);
+    assert_int_equal(info->javascript.max_timeout_ms, 30000);
+    assert_int_equal(info->memory_mb, 256);
+    assert_int_equal(info->pids, 256);
+    assert_int_equal(info->max_sessions_per_owner, OWNER_CAP);
+    assert_string_equal(info->isolation, strcmp(P->name, "gvisor") == 0  ? "kernel"
+                                         : strcmp(P->name, "bwrap") == 0 ? "container"
+                                                                         : "process");
+    plm_info_free(info);
+}
+
+typedef struct project_call {
+    bool done;
+    plm_error *err;
+    plm_result *r;
+} project_call;
+
+static void on_project(void *ud, plm_error *err, plm_result *r)
+{
+    project_call *pc = ud;
+    pc->done = true;
+    pc->err = err;
+    pc->r = r;
+}
+
+static void test_D44_projects_in_sessions_are_refused_unsupported(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    const char *steps[] = {"true"};
+    plm_project pr = {NULL, 0, steps, 1, NULL, 0};
+    project_call pc = {false, NULL, NULL};
+    plm_error *e = plm_session_run_project(s, &pr, NULL, on_project, &pc);
+    if (!e) {
+        while (!pc.done)
+            ev_run(plm_client_loop(P->c), EVRUN_ONCE);
+        e = pc.err;
+        plm_result_free(pc.r);
+    }
+    expect(e, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED, NULL);
+    cell_prints(s, "python", "'still here'", "'still here'\n");
+    close_s(s);
+}
+
+/* ---------------------------------------------------------------- session life */
+
+static void test_D20_idle_suspend_keeps_files_memory_and_interpreters(void **state)
+{
+    (void)state;
+    need();
+    size_t before = count_in_log("suspended");
+    plm_session *s = open_with(&(sess_opts){.idle_ms = 1000});
+    cell_prints(s, "python", "kept = [1, 2, 3]\nopen('f.txt', 'w').write('x')", "1\n");
+    assert_true(wait_log("suspended", before)); /* the idle timer froze the sandbox */
+    plm_result *r = cell(s, "python", "import os\nlen(kept), os.path.exists('f.txt')");
+    assert_string_equal(r->stdout_text, "(3, True)\n");
+    assert_false(r->interpreter_started);
+    plm_result_free(r);
+    close_s(s);
+}
+
+static void test_D22_lifetime_ends_the_session_expired_cancelling_a_call(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_with(&(sess_opts){.lifetime_ms = 2000});
+    long long t0 = mono_ms();
+    plm_result *r = NULL;
+    plm_error *e = try_cell(s, "python", "import time\ntime.sleep(60)", 100000, NULL, 0, &r);
+    long long took = mono_ms() - t0;
+    if (took > 10000)
+        fail_msg("the call outlived its session's lifetime by %lld ms", took - 2000);
+    assert_null(r);
+    assert_non_null(e);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_NONE); /* it may have run */
+    plm_error_free(e);
+    e = try_cell(s, "python", "1", 0, NULL, 0, &r);
+    assert_non_null(e);
+    assert_int_equal(e->session_ended, PLM_END_EXPIRED);
+    plm_error_free(e);
+    close_s(s);
+}
+
+static void test_D45_D48_owner_cap_replaces_the_idle_session(void **state)
+{
+    (void)state;
+    need();
+    plm_session *a = open_with(&(sess_opts){.owner = "alice"});
+    cell_prints(a, "python", "1", "1\n");
+    plm_session *b = open_with(&(sess_opts){.owner = "alice"}); /* cap 1: a is replaced */
+    cell_prints(b, "python", "2", "2\n");
+    plm_result *r = NULL;
+    plm_error *e = try_cell(a, "python", "3", 0, NULL, 0, &r);
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_FAILED_PRECONDITION);
+    assert_int_equal(e->session_ended, PLM_END_REPLACED);
+    plm_error_free(e);
+    close_s(a);
+    close_s(b);
+}
+
+static void test_D08_capacity_refuses_the_session_over_the_cap(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s[MAX_SESSIONS];
+    for (int i = 0; i < MAX_SESSIONS; i++)
+        s[i] = open_s();
+    plm_session *extra = NULL;
+    plm_session_options o;
+    memset(&o, 0, sizeof o);
+    expect(plm_open_session_sync(P->c, &o, &extra), PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_CAPACITY,
+           NULL);
+    for (int i = 0; i < MAX_SESSIONS; i++)
+        close_s(s[i]);
+    plm_session *again = open_s(); /* closing gave the places back */
+    close_s(again);
+}
+
+static void test_D23_close_reports_calls_and_forgets_the_session(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "1", "1\n");
+    cell_prints(s, "javascript", "2", "2\n");
+    plm_close_summary *sum = NULL;
+    track(s, false);
+    ok(plm_session_close_sync(s, &sum));
+    assert_int_equal(sum->calls, 2);
+    assert_int_equal(sum->end, PLM_END_CLOSED);
+    plm_close_summary_free(sum);
+    plm_result *r = NULL;
+    plm_error *e = try_cell(s, "python", "1", 0, NULL, 0, &r);
+    assert_non_null(e);
+    plm_error_free(e);
+    plm_session_free(s);
+}
+
+/* ---------------------------------------------------------------- security probes */
+
+static void test_probe_tcp_connect_fails(void **state)
+{
+    (void)state;
+    need_isolation();
+    const char *port = strrchr(P->d.url, ':') + 1;
+    char code[1024];
+    snprintf(code, sizeof code,
+             "import socket\nout = []\n"
+             "for host, port in (('127.0.0.1', %s), ('1.1.1.1', 53), ('10.0.0.1', 80)):\n"
+             "    try:\n"
+             "        socket.create_connection((host, port), timeout=3).close()\n"
+             "        out.append('connected')\n"
+             "    except OSError as e:\n"
+             "        out.append('refused')\n"
+             "out", port);
+    plm_session *s = open_s();
+    cell_prints(s, "python", code, "['refused', 'refused', 'refused']\n");
+    snprintf(code, sizeof code,
+             "await new Promise(res => { const c = require('net').connect(%s, '127.0.0.1');\n"
+             "  c.on('connect', () => { c.destroy(); res('connected'); });\n"
+             "  c.on('error', () => res('refused')); })", port);
+    cell_prints(s, "javascript", code, "'refused'\n");
+    close_s(s);
+}
+
+static void test_probe_writes_outside_the_work_directory_fail(void **state)
+{
+    (void)state;
+    need_isolation();
+    plm_session *s = open_s();
+    cell_prints(s, "python",
+                "import os\nres = []\n"
+                "for p in ('/probe', '/usr/probe', '/etc/probe', '/.berth/probe', '/bin/probe', "
+                "'/proc/probe', '/work/../probe'):\n"
+                "    try:\n"
+                "        open(p, 'w').write('x')\n"
+                "        res.append(p)\n"
+                "    except OSError:\n"
+                "        pass\n"
+                "open('/work/ok', 'w').write('x')\n"
+                "res", "[]\n");
+    /* The work directory, /tmp and /dev/shm are noexec. */
+    cell_prints(s, "python",
+                "import os, shutil, subprocess\nshutil.copy('/usr/bin/true', '/work/t')\n"
+                "os.chmod('/work/t', 0o755)\n"
+                "try:\n    subprocess.run(['/work/t'])\n    r = 'ran'\n"
+                "except PermissionError:\n    r = 'denied'\nr", "'denied'\n");
+    close_s(s);
+}
+
+static void test_probe_the_daemons_token_file_is_unreadable(void **state)
+{
+    (void)state;
+    need();
+    char code[1024];
+    snprintf(code, sizeof code,
+             "try:\n    open('%s').read()\n    r = 'read'\nexcept OSError:\n    r = 'denied'\nr",
+             P->d.token_file);
+    plm_session *s = open_s();
+    if (!P->isolating && geteuid() != 0) {
+        print_message("skipped for provider %s: the daemon is not root, so code runs as its uid\n",
+                      P->name);
+        close_s(s);
+        skip();
+    }
+    cell_prints(s, "python", code, "'denied'\n");
+    close_s(s);
+}
+
+static void test_probe_another_sessions_files_are_invisible(void **state)
+{
+    (void)state;
+    need_isolation();
+    plm_session *a = open_s();
+    plm_session *b = open_s();
+    cell_prints(a, "python", "open('secret-7f3a.txt', 'w').write('mine')", "4\n");
+    cell_prints(b, "python",
+                "import os\nfound = []\n"
+                "for root, dirs, files in os.walk('/', onerror=lambda e: None):\n"
+                "    if root in ('/proc', '/sys', '/usr'):\n"
+                "        dirs[:] = []  # kernel views, and the host's read-only /usr\n"
+                "        continue\n"
+                "    if 'secret-7f3a.txt' in files:\n"
+                "        found.append(root)\n"
+                "found", "[]\n");
+    close_s(a);
+    close_s(b);
+}
+
+static void test_probe_a_fork_bomb_is_contained(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell_t(s, "python",
+                           "import os, time\nn = 0\n"
+                           "try:\n"
+                           "    while n < 5000:\n"
+                           "        if os.fork() == 0:\n"
+                           "            time.sleep(300)\n"
+                           "            os._exit(0)\n"
+                           "        n += 1\n"
+                           "except OSError as e:\n"
+                           "    print('stopped', e.errno)\n"
+                           "n", 60000);
+    if (r->ended == PLM_END_MAIN_PROCESS_ENDED) {
+        /* gVisor on ptrace: each guest process costs the sandbox a host stub and its own
+         * pages, so the sandbox's host memory backstop ends it before 256 processes; the
+         * answer says so and the session is over.  Contained all the same. */
+        assert_true(r->interpreter_ended);
+        contains(r->stderr_text, "the sandbox ended during the call");
+        print_message("provider %s: the fork bomb ended its sandbox: %s\n", P->name, r->end_detail);
+        plm_result_free(r);
+        daemon_still_serves();
+        plm_session *other = open_s();
+        cell_prints(other, "python", "'fine'", "'fine'\n");
+        close_s(other);
+        close_s(s);
+        return;
+    }
+    assert_int_equal(r->exit_code, 0);
+    contains(r->stdout_text, "stopped 11"); /* EAGAIN: the pids limit */
+    const char *nl = strchr(r->stdout_text, '\n');
+    int n = nl ? atoi(nl + 1) : 9999;
+    if (n >= 256)
+        fail_msg("%d processes were made under a limit of 256", n);
+    plm_result_free(r);
+    daemon_still_serves();
+    plm_session *other = open_s(); /* the daemon serves other sessions meanwhile */
+    cell_prints(other, "python", "'fine'", "'fine'\n");
+    close_s(other);
+    /* The sweep killed the bomb's processes: they are zombies of the kernel now (as
+     * under plimsoll, whose --init reaps only orphans), so waiting for them all ends at
+     * once, and then the session can fork again. */
+    cell_prints(s, "python", "import os\nreaped = 0\nwhile True:\n    try:\n"
+                             "        os.waitpid(-1, 0)\n        reaped += 1\n"
+                             "    except ChildProcessError:\n        break\nreaped > 0", "True\n");
+    cell_prints(s, "python", "import subprocess\nsubprocess.run(['true']).returncode", "0\n");
+    close_s(s);
+}
+
+static void test_probe_a_memory_bomb_is_killed_and_reported(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell_t(s, "python", "a = []\nwhile True:\n    a.append(bytearray(16 << 20))",
+                           60000);
+    assert_int_equal(r->exit_code, 1);
+    assert_false(r->timed_out);
+    /* Killed by the sandbox's memory limit (reported on stderr), or refused the memory by
+     * its address-space limit (MemoryError): either way it is told. */
+    if (!(r->interpreter_ended && strstr(r->stderr_text, "out of memory")) &&
+        !strstr(r->stderr_text, "MemoryError"))
+        fail_msg("the memory bomb was not reported: ended %d, stderr \"%.500s\"",
+                 r->interpreter_ended, r->stderr_text);
+    plm_result_free(r);
+    daemon_still_serves();
+    cell_prints(s, "python", "'after'", "'after'\n");
+    r = cell_t(s, "javascript", "const keep = []; while (true) keep.push(new Array(1e6).fill(1))",
+               60000);
+    assert_int_equal(r->exit_code, 1);
+    assert_true(r->interpreter_ended);
+    plm_result_free(r);
+    cell_prints(s, "javascript", "'after'", "'after'\n");
+    close_s(s);
+}
+
+static void test_probe_an_infinite_loop_ends_124_at_the_deadline(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell_t(s, "python", "import subprocess\nsubprocess.Popen(['sh', '-c', "
+                                        "'while :; do :; done'])\nwhile True:\n    pass", 1000);
+    assert_int_equal(r->exit_code, 124);
+    assert_true(r->timed_out);
+    plm_result_free(r);
+    daemon_still_serves();
+    cell_prints(s, "python", "'next'", "'next'\n");
+    close_s(s);
+}
+
+static void test_probe_a_cell_cannot_learn_its_session_id(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    char code[4096];
+    /* Every 32-hex string the cell can find (environment, command lines and environments
+     * of the processes it sees, files), hashed: none is the id behind the fingerprint. */
+    snprintf(code, sizeof code,
+             "import hashlib, os, re\n"
+             "fp = '%s'\n"
+             "pat = re.compile(rb'[0-9a-f]{32}')\n"
+             "seen = set()\n"
+             "def scan(data):\n"
+             "    for m in pat.finditer(data):\n"
+             "        for i in range(len(m.group(0)) - 31):\n"
+             "            seen.add(m.group(0)[i:i + 32])\n"
+             "scan(repr(dict(os.environ)).encode())\n"
+             "for pid in os.listdir('/proc'):\n"
+             "    for part in ('cmdline', 'environ'):\n"
+             "        try:\n"
+             "            scan(open('/proc/%%s/%%s' %% (pid, part), 'rb').read())\n"
+             "        except OSError:\n"
+             "            pass\n"
+             "for top in ('/work', '/tmp', '/etc', '/.berth', '/dev/shm'):\n"
+             "    for root, dirs, files in os.walk(top, onerror=lambda e: None):\n"
+             "        for f in files:\n"
+             "            path = os.path.join(root, f)\n"
+             "            if not os.path.isfile(path):\n"
+             "                continue  # the kernels' FIFOs: reading one would wait\n"
+             "            try:\n"
+             "                scan(open(path, 'rb').read(1 << 20))\n"
+             "            except OSError:\n"
+             "                pass\n"
+             "any(hashlib.sha256(c).hexdigest() == fp for c in seen), len(seen) >= 0",
+             plm_session_fingerprint(s));
+    cell_prints(s, "python", code, "(False, True)\n");
+    close_s(s);
+}
+
+/* ---------------------------------------------------------------- the drain */
+
+static void test_D53_drain_leaves_no_sandbox_behind(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s(); /* a live session and the pool at the drain */
+    cell_prints(s, "python", "import subprocess\nsubprocess.Popen(['sleep', '300'])\n1", "1\n");
+    track(s, false);
+    plm_session_free(s);
+    plm_client_free(P->c);
+    P->c = NULL;
+    int status = sbx_stop_status(&P->d);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    P->up = false;
+    snprintf(P->skip_why, sizeof P->skip_why, "the daemon was stopped");
+    /* Its cgroups and its state directories are gone. */
+    static const char *const dirs[] = {"/sys/fs/cgroup/pids/berth", "/sys/fs/cgroup/memory/berth",
+                                       "/run/berth-sandboxd"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        DIR *d = opendir(dirs[i]);
+        struct dirent *e;
+        while (d && (e = readdir(d)))
+            if (P->tag[0] && strncmp(e->d_name, P->tag, strlen(P->tag)) == 0)
+                fail_msg("%s/%s is left after the drain", dirs[i], e->d_name);
+        if (d)
+            closedir(d);
+    }
+}
+
+#define PROVIDER_TESTS                                                              \
+    cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
+    cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
+    cmocka_unit_test_teardown(test_D26_D36_files_before_code_shared_and_importable, test_teardown),         \
+    cmocka_unit_test_teardown(test_D37_file_that_cannot_be_written_is_refused_state_kept, test_teardown),   \
+    cmocka_unit_test_teardown(test_D43_unsafe_paths_refused_before_anything_runs, test_teardown),           \
+    cmocka_unit_test_teardown(test_D30_exceptions_end_the_cell_not_the_interpreter, test_teardown),         \
+    cmocka_unit_test_teardown(test_D31_javascript_errors_outside_cells_are_not_fatal, test_teardown),       \
+    cmocka_unit_test_teardown(test_D32_interpreter_death_in_a_cell_exit_1_interpreter_ended, test_teardown), \
+    cmocka_unit_test_teardown(test_D33_deadline_kills_interpreter_next_cell_fresh, test_teardown),          \
+    cmocka_unit_test_teardown(test_D34_deadline_before_the_code_was_sent_runs_nothing, test_teardown),      \
+    cmocka_unit_test_teardown(test_D35_pooled_first_cell_of_each_language_says_started, test_teardown),     \
+    cmocka_unit_test_teardown(test_D40_output_capped_at_64_KiB_prefix_kept_flags_set, test_teardown),       \
+    cmocka_unit_test_teardown(test_D41_output_between_cells_is_discarded, test_teardown),                   \
+    cmocka_unit_test_teardown(test_D25_a_process_left_behind_is_gone_by_the_next_call, test_teardown),      \
+    cmocka_unit_test_teardown(test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline, test_teardown), \
+    cmocka_unit_test_teardown(test_D44_projects_in_sessions_are_refused_unsupported, test_teardown),        \
+    cmocka_unit_test_teardown(test_D20_idle_suspend_keeps_files_memory_and_interpreters, test_teardown),    \
+    cmocka_unit_test_teardown(test_D22_lifetime_ends_the_session_expired_cancelling_a_call, test_teardown), \
+    cmocka_unit_test_teardown(test_D45_D48_owner_cap_replaces_the_idle_session, test_teardown),             \
+    cmocka_unit_test_teardown(test_D08_capacity_refuses_the_session_over_the_cap, test_teardown),           \
+    cmocka_unit_test_teardown(test_D23_close_reports_calls_and_forgets_the_session, test_teardown),         \
+    cmocka_unit_test_teardown(test_probe_tcp_connect_fails, test_teardown),                                 \
+    cmocka_unit_test_teardown(test_probe_writes_outside_the_work_directory_fail, test_teardown),            \
+    cmocka_unit_test_teardown(test_probe_the_daemons_token_file_is_unreadable, test_teardown),              \
+    cmocka_unit_test_teardown(test_probe_another_sessions_files_are_invisible, test_teardown),              \
+    cmocka_unit_test_teardown(test_probe_a_fork_bomb_is_contained, test_teardown),                          \
+    cmocka_unit_test_teardown(test_probe_a_memory_bomb_is_killed_and_reported, test_teardown),              \
+    cmocka_unit_test_teardown(test_probe_an_infinite_loop_ends_124_at_the_deadline, test_teardown),         \
+    cmocka_unit_test_teardown(test_probe_a_cell_cannot_learn_its_session_id, test_teardown),                \
+    cmocka_unit_test_teardown(test_D53_drain_leaves_no_sandbox_behind, test_teardown)
+
+int main(void)
+{
+    plm_global_init();
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {PROVIDER_TESTS};
+    int failed = 0;
+    const char *only = getenv("BERTH_TEST_PROVIDERS"); /* e.g. "bwrap,process" while working */
+    for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
+        if (only && !strstr(only, providers[i].name))
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "provider %s", providers[i].name);
+        P = &providers[i];
+        failed += _cmocka_run_group_tests(name, tests, sizeof tests / sizeof tests[0],
+                                          group_setup, group_teardown);
+    }
+    return failed;
+}
