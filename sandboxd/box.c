@@ -92,7 +92,7 @@ struct sbx_box {
     ev_timer close_bound;
     sbx_box_done_cb close_cb;
     void *close_ud;
-    bool closing_started;
+    bool closing_started, cleaning;
     int log_lines;
     char line[400];
     size_t line_len;
@@ -385,8 +385,6 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
     if (len == 1 + SUP_TOKEN_LEN && body[0] == 'R') {
         if (ln->state != SBX_I_STARTING || memcmp(body + 1, ln->token, SUP_TOKEN_LEN) != 0)
             return; /* a ready of an incarnation that is gone */
-        if (getenv("SBX_DEBUG_BOX"))
-            sbx_log("DEBUG %s READY lang %d", b->id, lang);
         ln->state = SBX_I_IDLE;
         if (b->ev.interp)
             b->ev.interp(b->ud, b, lang, true, NULL);
@@ -557,8 +555,6 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
         }
         lane *ln = &b->lane[lang];
         sbx_interp_state was = ln->state;
-        if (getenv("SBX_DEBUG_BOX"))
-            sbx_log("DEBUG %s EXITED lang %d state %d op %d", b->id, lang, was, ln->op.active);
         ln->state = SBX_I_NONE;
         char *text = len > 4 ? sbx_xstrndup((const char *)p + 4, len - 4) : NULL;
         const char *why = ln->broke ? ln->broke : text;
@@ -883,8 +879,6 @@ void sbx_box_start(sbx_box *b, int lang)
     if (!sbx_random_hex(SUP_TOKEN_LEN / 2, ln->token))
         snprintf(ln->token, sizeof ln->token, "%032x", 0);
     ln->state = SBX_I_STARTING;
-    if (getenv("SBX_DEBUG_BOX"))
-        sbx_log("DEBUG %s START lang %d", b->id, lang);
     send_simple(b, SUP_START, lang, ln->token, SUP_TOKEN_LEN);
 }
 
@@ -961,8 +955,6 @@ void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t 
 
 void sbx_box_kill(sbx_box *b, int lang)
 {
-    if (getenv("SBX_DEBUG_BOX"))
-        sbx_log("DEBUG %s KILL lang %d", b->id, lang);
     if (!b->dead && b->state == B_READY)
         send_simple(b, SUP_KILL, lang, NULL, 0);
 }
@@ -1053,8 +1045,9 @@ static void close_continue(sbx_box *b)
         if (!b->exited)
             ev_timer_start(b->loop, &b->close_bound);
     }
-    if (!b->exited)
+    if (!b->exited || b->cleaning)
         return;
+    b->cleaning = true; /* once: several events may bring the close here */
     ev_timer_stop(b->loop, &b->close_bound);
     b->ops->cleanup(b->bk, b, on_cleaned);
 }

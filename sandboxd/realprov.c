@@ -56,7 +56,6 @@ struct sbx_psession {
     bool suspended, sweeping, closing, end_told;
     bool close_after_call;         /* the close waits for the call in flight */
     bool no_sweep;                 /* the call just answered started no process */
-    double sweep_started;
     call *cur;                     /* the call in flight */
     call *after_sweep;             /* a call waiting for the sweep */
     plm_session_end pending_end;   /* found by a sweep, told between calls */
@@ -634,8 +633,6 @@ static void on_swept(void *ud, bool ok, bool clean, uint32_t killed, uint64_t di
     sbx_psession *s = ud;
     sbx_provider *p = s->p;
     s->sweeping = false;
-    if (getenv("SBX_DEBUG_SWEEP"))
-        sbx_log("DEBUG sweep took %.3f ms (%u killed)", (ev_time() - s->sweep_started) * 1000, killed);
     if (killed)
         sbx_log("sandbox %s: the sweep killed %u leftover process%s", sbx_box_id(s->box), killed,
                 killed == 1 ? "" : "es");
@@ -706,7 +703,6 @@ static void session_after_call(sbx_psession *s)
     if (p_sweeps_on_hint(s) && s->no_sweep)
         return; /* the kernel says this cell started no process */
     s->sweeping = true;
-    s->sweep_started = ev_time();
     sbx_box_sweep(s->box, on_swept, s);
 }
 
@@ -785,8 +781,6 @@ static void on_open_later(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     sbx_psession *s = w->data;
     s->opening = false;
-    if (getenv("SBX_DEBUG_SWEEP"))
-        sbx_log("DEBUG open answered");
     s->open_cb(s->open_ud, NULL, s, s->p->be->tier, "");
 }
 
@@ -817,8 +811,6 @@ static member *pool_take(sbx_provider *p)
 void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_open_cb cb,
                            void *ud)
 {
-    if (getenv("SBX_DEBUG_SWEEP"))
-        sbx_log("DEBUG open start");
     sbx_psession *s = session_new(p, params);
     s->opening = true;
     s->open_cb = cb;

@@ -93,10 +93,10 @@ int sbx_seccomp_install(char *why, size_t why_len)
         at = "clone3";
     /* AF_UNIX sockets only: no network, no AF_ALG, no netlink. */
     if (rc == 0 && (rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socket), 1,
-                                          SCMP_A0(SCMP_CMP_EQ, AF_UNIX))))
+                                          SCMP_A0(SCMP_CMP_EQ, AF_UNIX, 0))))
         at = "socket";
     if (rc == 0 && (rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(socketpair), 1,
-                                          SCMP_A0(SCMP_CMP_EQ, AF_UNIX))))
+                                          SCMP_A0(SCMP_CMP_EQ, AF_UNIX, 0))))
         at = "socketpair";
     /* mknod for FIFOs only. */
     if (rc == 0 && (rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(mknod), 1,
@@ -109,7 +109,7 @@ int sbx_seccomp_install(char *why, size_t why_len)
     static const unsigned long personas[] = {0x0, 0x8, 0x20000, 0x20008, 0xffffffff};
     for (size_t i = 0; i < sizeof personas / sizeof personas[0] && rc == 0; i++)
         if ((rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(personality), 1,
-                                   SCMP_A0(SCMP_CMP_EQ, personas[i]))))
+                                   SCMP_A0(SCMP_CMP_EQ, personas[i], 0))))
             at = "personality";
     if (rc == 0 && (rc = seccomp_load(ctx)))
         at = "seccomp_load";

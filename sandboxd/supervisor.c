@@ -265,7 +265,8 @@ static void report_exit(int lang, int status, const char *text)
     size_t n = text ? strlen(text) : 0;
     if (n > 256)
         n = 256;
-    memcpy(p + 4, text, n);
+    if (n)
+        memcpy(p + 4, text, n);
     send_frame(SUP_EXITED, lang, p, 4 + n);
 }
 

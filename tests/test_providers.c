@@ -9,7 +9,8 @@
  * session id).  Each test runs once per provider in its own group; a group whose
  * provider fails its start-up smoke test on this machine is skipped with the reason.
  *
- * BERTH_TEST_PROVIDERS=bwrap,process limits the run to those groups.
+ * BERTH_TEST_PROVIDERS=bwrap,process limits the run to those groups (and skips the
+ * start-up group: --provider auto, a missing interpreter, the embedded kernels).
  *
  * Waits are bounded and observable: daemon start-up (its listening line), the daemon's
  * log (a suspend), calls' own answers.
@@ -1108,6 +1109,87 @@ static void test_D53_drain_leaves_no_sandbox_behind(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- start-up */
+
+static void test_D04_auto_serves_the_strongest_provider_that_passes(void **state)
+{
+    (void)state;
+    sbx_proc d;
+    const char *args[] = {"--provider", "auto", "--pool", "0", NULL};
+    assert_int_equal(sbx_start(&d, args), 0);
+    char *log = sbx_read_log(&d);
+    assert_non_null(log);
+    bool gvisor_failed = strstr(log, "provider gvisor failed") || strstr(log, "provider gvisor would not");
+    const char *want = gvisor_failed ? "bwrap" : "gvisor";
+    contains(log, "passed its smoke test");
+    free(log);
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = d.url;
+    o.token = d.token;
+    plm_client *c = NULL;
+    ok(plm_client_new(NULL, &o, &c));
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    assert_string_equal(info->sandbox, want);
+    assert_string_equal(info->isolation, gvisor_failed ? "container" : "kernel");
+    print_message("auto chose %s (tier %s)\n", info->sandbox, info->isolation);
+    plm_info_free(info);
+    plm_client_free(c);
+    sbx_stop(&d);
+}
+
+static void test_D06_D38_an_interpreter_that_cannot_start_is_not_offered(void **state)
+{
+    (void)state;
+    sbx_proc d;
+    /* A "python" that exits at once: the smoke test proves only JavaScript. */
+    const char *args[] = {"--provider", "bwrap", "--pool", "0", "--python", "/usr/bin/false", NULL};
+    if (sbx_start(&d, args) != 0) {
+        print_message("skipped: bwrap is not available here\n");
+        skip();
+    }
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = d.url;
+    o.token = d.token;
+    plm_client *c = NULL;
+    ok(plm_client_new(NULL, &o, &c));
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    assert_true(info->session.javascript);
+    assert_false(info->session.python);
+    plm_info_free(info);
+    plm_session *s = NULL;
+    ok(plm_open_session_sync(c, NULL, &s));
+    plm_cell cl = {"python", "1", NULL, 0};
+    plm_result *r = NULL;
+    plm_error *e = plm_session_run_cell_sync(s, &cl, NULL, &r);
+    assert_null(r);
+    assert_non_null(e);
+    assert_int_not_equal(e->not_dispatched, PLM_REFUSAL_NONE); /* refused: nothing ran */
+    plm_error_free(e);
+    cl.language = "javascript";
+    ok(plm_session_run_cell_sync(s, &cl, NULL, &r));
+    assert_string_equal(r->stdout_text, "1\n");
+    plm_result_free(r);
+    plm_close_summary *sum = NULL;
+    plm_error_free(plm_session_close_sync(s, &sum));
+    plm_close_summary_free(sum);
+    plm_session_free(s);
+    plm_client_free(c);
+    sbx_stop(&d);
+}
+
+static void test_kernels_embedded_in_the_binary_match_their_sources(void **state)
+{
+    (void)state;
+    /* sandboxd/kernels.c is generated from sandboxd/kernels/kernel.{py,js}. */
+    int rc = system("python3 sandboxd/kernels/embed.py --check");
+    assert_true(rc != -1 && WIFEXITED(rc));
+    assert_int_equal(WEXITSTATUS(rc), 0);
+}
+
 #define PROVIDER_TESTS                                                              \
     cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
     cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
@@ -1145,7 +1227,13 @@ int main(void)
     plm_global_init();
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {PROVIDER_TESTS};
-    int failed = 0;
+    const struct CMUnitTest startup[] = {
+        cmocka_unit_test(test_D04_auto_serves_the_strongest_provider_that_passes),
+        cmocka_unit_test(test_D06_D38_an_interpreter_that_cannot_start_is_not_offered),
+        cmocka_unit_test(test_kernels_embedded_in_the_binary_match_their_sources),
+    };
+    P = NULL;
+    int failed = getenv("BERTH_TEST_PROVIDERS") ? 0 : cmocka_run_group_tests_name("start-up", startup, NULL, NULL);
     const char *only = getenv("BERTH_TEST_PROVIDERS"); /* e.g. "bwrap,process" while working */
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
         if (only && !strstr(only, providers[i].name))
