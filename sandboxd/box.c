@@ -792,6 +792,10 @@ sbx_box *sbx_box_new(struct ev_loop *loop, const sbx_backend_ops *ops, sbx_backe
     add_arg(&b->argv, &n, sbx_printf("nofile=%u", cfg->nofile));
     add_arg(&b->argv, &n, sbx_printf("nproc=%u", cfg->nproc));
     add_arg(&b->argv, &n, sbx_printf("as_mb=%u", cfg->as_mb));
+    if (cfg->run_as_uid) {
+        add_arg(&b->argv, &n, sbx_printf("uid=%u", cfg->run_as_uid));
+        add_arg(&b->argv, &n, sbx_printf("gid=%u", cfg->run_as_gid));
+    }
     b->measure = cfg->measure_disk;
 
     char *why = NULL;

@@ -94,6 +94,8 @@ typedef struct sbx_box_config {
     bool measure_disk;             /* the sweep measures the disk (else it cannot be over) */
     const char *python, *node;
     unsigned work_mb, tmp_mb, shm_mb, mem_mb, nofile, nproc, as_mb;
+    unsigned run_as_uid, run_as_gid; /* non-zero: the supervisor starts as root and runs
+                                        what it starts as this uid (gVisor) */
 } sbx_box_config;
 
 /* Creates and launches a box; `ev.ready` follows from the loop. */

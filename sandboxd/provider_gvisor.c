@@ -64,9 +64,12 @@ static int make_rootfs(const char *rootfs)
                                        ".berth/io"};
     if (mkdir(rootfs, 0755) != 0)
         return -1;
+    chmod(rootfs, 0755); /* whatever the daemon's umask: the sandbox uid walks it */
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         char *p = sbx_printf("%s/%s", rootfs, dirs[i]);
         int rc = mkdir(p, 0755);
+        if (rc == 0)
+            rc = chmod(p, 0755);
         free(p);
         if (rc != 0)
             return -1;
@@ -94,6 +97,7 @@ static int make_rootfs(const char *rootfs)
         free(mp);
         if (fd < 0)
             return -1;
+        fchmod(fd, 0644);
         close(fd);
     }
     return 0;
@@ -190,6 +194,8 @@ static void gvisor_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->host_io = bk->io;
     bc->uid = bk->st.uid;
     bc->gid = bk->st.gid;
+    bc->run_as_uid = bk->st.uid; /* the supervisor is root inside, the cells are not */
+    bc->run_as_gid = bk->st.gid;
     bc->supervisor_path = "/.berth/supervisor";
     bc->nproc = bk->cfg->pids;       /* enforced by gVisor's kernel, per sandbox */
     bc->as_mb = bk->cfg->memory_mb;  /* the Python kernel's address space */
@@ -217,15 +223,19 @@ static json_t *bundle_config(sbx_backend *bk, sbx_box *b)
     json_t *args = json_array();
     for (const char *const *a = sbx_box_supervisor_argv(b); *a; a++)
         json_array_append_new(args, json_string(*a));
-    json_t *caps = json_pack("{s:[], s:[], s:[], s:[], s:[]}", "bounding", "effective",
-                             "inheritable", "permitted", "ambient");
+    /* The supervisor runs as root inside gVisor with three capabilities, which leave it
+     * when it starts anything as the sandbox uid: set uids for its children, kill them,
+     * nothing else.  The cells cannot signal it or read its /proc entries. */
+    json_t *caps = json_pack("{s:[s,s,s], s:[s,s,s], s:[], s:[s,s,s], s:[]}", "bounding",
+                             "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "effective", "CAP_SETUID",
+                             "CAP_SETGID", "CAP_KILL", "inheritable", "permitted", "CAP_SETUID",
+                             "CAP_SETGID", "CAP_KILL", "ambient");
     json_t *rlimits = json_array();
     json_array_append_new(rlimits, rlimit_json("RLIMIT_NOFILE", 4096));
     json_array_append_new(rlimits, rlimit_json("RLIMIT_CORE", 0));
-    json_array_append_new(rlimits, rlimit_json("RLIMIT_NPROC", cfg->pids));
     json_t *process = json_pack(
         "{s:b, s:{s:I, s:I}, s:o, s:[s], s:s, s:o, s:b, s:o}", "terminal", 0, "user", "uid",
-        (json_int_t)bk->st.uid, "gid", (json_int_t)bk->st.gid, "args", args, "env",
+        (json_int_t)0, "gid", (json_int_t)0, "args", args, "env",
         "PATH=/usr/local/bin:/usr/bin:/bin", "cwd", "/", "capabilities", caps, "noNewPrivileges",
         1, "rlimits", rlimits);
     char work[64], small[64];

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -55,6 +56,7 @@ typedef struct opts {
     const char *work, *io;
     const char *python, *node;
     unsigned work_mb, tmp_mb, shm_mb, mem_mb, nofile, nproc, as_mb;
+    unsigned uid, gid;            /* when started as root: what everything it starts runs as */
     bool mount_tmpfs, drop_caps, seccomp, subreaper, walk_disk, count_tasks;
 } opts;
 
@@ -193,8 +195,6 @@ static void harden(void)
     set_limit(RLIMIT_CORE, 0);
     if (O.nofile)
         set_limit(RLIMIT_NOFILE, O.nofile);
-    if (O.nproc)
-        set_limit(RLIMIT_NPROC, O.nproc);
     if (O.drop_caps)
         drop_capabilities();
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
@@ -251,11 +251,34 @@ static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limi
     syscall(SYS_close_range, 3, ~0u, 0);
     if (as_limit)
         set_limit(RLIMIT_AS, as_limit);
+    if (O.nproc)
+        set_limit(RLIMIT_NPROC, O.nproc);
+    if (getuid() == 0 && O.uid && /* the supervisor's own uid stays out of the cell's reach */
+        (setgroups(0, NULL) != 0 || setresgid(O.gid, O.gid, O.gid) != 0 ||
+         setresuid(O.uid, O.uid, O.uid) != 0))
+        _exit(126);
     execve(argv[0], argv, (char *const *)env);
     char msg[300];
     int n = snprintf(msg, sizeof msg, "cannot start %s: %s\n", argv[0], strerror(errno));
     (void)!write(2, msg, (size_t)n);
     _exit(127);
+}
+
+/* While the supervisor (root of a gVisor sandbox, with only CAP_SETUID, CAP_SETGID and
+ * CAP_KILL) touches what the cells own -- their FIFOs, their files -- it does so as
+ * their uid: files are theirs, and it can reach nothing they could not. */
+static void as_cells(bool on)
+{
+    if (getuid() != 0 || !O.uid)
+        return;
+    int e = errno;
+    if (on) { /* the effective ids only: the real and saved ones stay 0 to come back */
+        if (setresgid((gid_t)-1, O.gid, (gid_t)-1) != 0 || setresuid((uid_t)-1, O.uid, (uid_t)-1) != 0)
+            die("cannot take the cells' uid%s: %s", NULL);
+    } else if (setresuid((uid_t)-1, 0, (uid_t)-1) != 0 || setresgid((gid_t)-1, 0, (gid_t)-1) != 0) {
+        die("cannot leave the cells' uid%s: %s", NULL);
+    }
+    errno = e;
 }
 
 static void report_exit(int lang, int status, const char *text)
@@ -279,10 +302,12 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     snprintf(prefix, sizeof prefix, "%s/%s", O.io, l);
     memcpy(tok, token, SUP_TOKEN_LEN);
     tok[SUP_TOKEN_LEN] = '\0';
+    as_cells(true);
     snprintf(path, sizeof path, "%s-out", prefix);
     int out = open(path, O_WRONLY | O_CLOEXEC);
     snprintf(path, sizeof path, "%s-err", prefix);
     int err = open(path, O_WRONLY | O_CLOEXEC);
+    as_cells(false);
     if (out < 0 || err < 0) {
         char why[300];
         snprintf(why, sizeof why, "cannot open the %s output FIFOs: %s", l, strerror(errno));
@@ -596,7 +621,9 @@ static void write_files(int lang, const unsigned char *pl, size_t len)
             errno = 0;
             die("a malformed files frame%s", NULL);
         }
+        as_cells(true);
         int e = write_file(path, plen, content, clen);
+        as_cells(false);
         if (e) {
             const char *code = errno_code(e);
             unsigned char p[4 + 16];
@@ -983,6 +1010,10 @@ static void parse_opts(int argc, char **argv)
             O.nproc = parse_uint(v);
         else if (!strcmp(k, "as_mb"))
             O.as_mb = parse_uint(v);
+        else if (!strcmp(k, "uid"))
+            O.uid = parse_uint(v);
+        else if (!strcmp(k, "gid"))
+            O.gid = parse_uint(v);
     }
     if (!strcmp(O.mode, "bwrap")) {
         O.mount_tmpfs = O.drop_caps = O.seccomp = true;
@@ -996,6 +1027,7 @@ static void parse_opts(int argc, char **argv)
 int sbx_supervisor_main(int argc, char **argv)
 {
     parse_opts(argc, argv);
+    umask(022); /* not the daemon's: what cells make is theirs to share as they like */
     snip.in_w = snip.out_r = snip.err_r = -1;
     signal(SIGPIPE, SIG_IGN);
     sigset_t mask;

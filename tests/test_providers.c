@@ -1079,6 +1079,33 @@ static void test_probe_a_cell_cannot_learn_its_session_id(void **state)
     close_s(s);
 }
 
+static void test_D52_the_supervisor_is_out_of_the_cells_reach(void **state)
+{
+    (void)state;
+    need_isolation();
+    plm_session *s = open_s();
+    /* PID 1 is sandboxd's supervisor (not dumpable; under gVisor another uid too): its
+     * pipes to the daemon and its memory are closed to the cell. */
+    cell_prints(s, "python",
+                "import os\nres = []\n"
+                "for what in (lambda: os.open('/proc/1/fd/1', os.O_WRONLY),\n"
+                "             lambda: os.open('/proc/1/fd/0', os.O_RDONLY),\n"
+                "             lambda: open('/proc/1/mem', 'rb').read(1)):\n"
+                "    try:\n"
+                "        what()\n"
+                "        res.append('open')\n"
+                "    except OSError:\n"
+                "        res.append('denied')\n"
+                "res", "['denied', 'denied', 'denied']\n");
+    /* No signal from inside reaches it: PID 1 of the namespace (bubblewrap), another uid
+     * (gVisor). */
+    cell_prints(s, "python", "import os, signal\ntry:\n    os.kill(1, signal.SIGKILL)\n"
+                             "except PermissionError:\n    pass\n'alive'", "'alive'\n");
+    cell_prints(s, "python", "'still served'", "'still served'\n");
+    daemon_still_serves();
+    close_s(s);
+}
+
 /* ---------------------------------------------------------------- the drain */
 
 static void test_D53_drain_leaves_no_sandbox_behind(void **state)
@@ -1181,6 +1208,44 @@ static void test_D06_D38_an_interpreter_that_cannot_start_is_not_offered(void **
     sbx_stop(&d);
 }
 
+static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state)
+{
+    (void)state;
+    sbx_proc d;
+    const char *args[] = {"--provider", "bwrap", "--pool", "0", "--session-disk-mb", "2", NULL};
+    if (sbx_start(&d, args) != 0) {
+        print_message("skipped: bwrap is not available here\n");
+        skip();
+    }
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = d.url;
+    o.token = d.token;
+    plm_client *c = NULL;
+    ok(plm_client_new(NULL, &o, &c));
+    plm_session *s = NULL;
+    ok(plm_open_session_sync(c, NULL, &s));
+    plm_cell cl = {"python", "open('big', 'wb').write(b'x' * (3 << 20))", NULL, 0};
+    plm_result *r = NULL;
+    ok(plm_session_run_cell_sync(s, &cl, NULL, &r)); /* answered: the sweep comes after */
+    assert_int_equal(r->exit_code, 0);
+    plm_result_free(r);
+    cl.code = "1";
+    plm_error *e = plm_session_run_cell_sync(s, &cl, NULL, &r); /* told to the next call */
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_FAILED_PRECONDITION);
+    assert_int_equal(e->session_ended, PLM_END_DISK_EXCEEDED);
+    contains(e->message, "MiB");
+    plm_error_free(e);
+    plm_close_summary *sum = NULL;
+    ok(plm_session_close_sync(s, &sum));
+    assert_int_equal(sum->end, PLM_END_DISK_EXCEEDED);
+    plm_close_summary_free(sum);
+    plm_session_free(s);
+    plm_client_free(c);
+    sbx_stop(&d);
+}
+
 static void test_kernels_embedded_in_the_binary_match_their_sources(void **state)
 {
     (void)state;
@@ -1220,6 +1285,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_probe_a_memory_bomb_is_killed_and_reported, test_teardown),              \
     cmocka_unit_test_teardown(test_probe_an_infinite_loop_ends_124_at_the_deadline, test_teardown),         \
     cmocka_unit_test_teardown(test_probe_a_cell_cannot_learn_its_session_id, test_teardown),                \
+    cmocka_unit_test_teardown(test_D52_the_supervisor_is_out_of_the_cells_reach, test_teardown),           \
     cmocka_unit_test_teardown(test_D53_drain_leaves_no_sandbox_behind, test_teardown)
 
 int main(void)
@@ -1230,6 +1296,7 @@ int main(void)
     const struct CMUnitTest startup[] = {
         cmocka_unit_test(test_D04_auto_serves_the_strongest_provider_that_passes),
         cmocka_unit_test(test_D06_D38_an_interpreter_that_cannot_start_is_not_offered),
+        cmocka_unit_test(test_D17_D24_files_over_the_disk_budget_end_the_session),
         cmocka_unit_test(test_kernels_embedded_in_the_binary_match_their_sources),
     };
     P = NULL;
