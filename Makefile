@@ -65,6 +65,10 @@ $(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -c $< -o $@
 
+# The kernels are edited as Python and JavaScript; sandboxd carries them as C strings.
+sandboxd/kernels.c: sandboxd/kernels/kernel.py sandboxd/kernels/kernel.js sandboxd/kernels/embed.py
+	python3 sandboxd/kernels/embed.py
+
 $(BUILD)/libberth.a: $(RT_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

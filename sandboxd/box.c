@@ -28,6 +28,12 @@
 enum { F_REQ, F_REP, F_OUT, F_ERR, N_FIFOS };
 static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
 
+/* A kernel ends each cell's output with a mark on stdout and on stderr -- 0x1f, the
+ * request's nonce, 0x1e -- before its end reply: what follows the mark on a stream is
+ * output between cells (a timer, a thread, a child) and is dropped, however late the
+ * daemon reads it.  The first byte occurs once in the mark, so matching can restart. */
+#define END_MARK_LEN (SUP_NONCE_LEN + 2)
+
 typedef struct op {
     bool active;
     bool not_run;                  /* complete from the loop as SBX_CELL_NOT_RUN */
@@ -40,6 +46,9 @@ typedef struct op {
     uint32_t out_cap, err_cap;
     bool out_cut, err_cut;
     char nonce[SUP_NONCE_LEN + 1];
+    unsigned char mark[END_MARK_LEN]; /* what ends the cell's output on each stream */
+    size_t matched[2];             /* how much of the mark each stream has shown */
+    bool ended[2];                 /* the mark came: the rest is between cells */
 } op;
 
 typedef struct lane {              /* one language's kernel */
@@ -325,26 +334,66 @@ static void keep(sbx_buf *buf, uint32_t cap, bool *cut, const unsigned char *dat
     buf->data[buf->len] = '\0';
 }
 
+static void keep_stream(op *o, int which, const unsigned char *data, size_t n)
+{
+    if (which == F_OUT)
+        keep(&o->out, o->out_cap, &o->out_cut, data, n);
+    else
+        keep(&o->err, o->err_cap, &o->err_cut, data, n);
+}
+
+/* Keeps a chunk of the running cell's stream up to its end mark.  A partial mark at
+ * the end of a chunk is held back (as a count: its bytes are the mark's own) until the
+ * next chunk shows whether it was one. */
+static void take_output(op *o, int which, const unsigned char *p, size_t n)
+{
+    size_t *m = &o->matched[which - F_OUT];
+    if (o->ended[which - F_OUT])
+        return;
+    size_t from = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == o->mark[*m]) {
+            if (*m == 0)
+                keep_stream(o, which, p + from, i - from);
+            from = i + 1;
+            if (++*m == END_MARK_LEN) {
+                o->ended[which - F_OUT] = true;
+                return;
+            }
+        } else if (*m > 0) {
+            keep_stream(o, which, o->mark, *m);
+            *m = 0;
+            from = i;
+            if (p[i] == o->mark[0]) {
+                *m = 1;
+                from = i + 1;
+            }
+        }
+    }
+    if (*m == 0)
+        keep_stream(o, which, p + from, n - from);
+}
+
 /* Reads a kernel's stdout or stderr: kept for the running cell, for a start's
- * diagnosis, or dropped (output between cells). */
-static void read_stream(sbx_box *b, int lang, int which, size_t limit)
+ * diagnosis, or dropped (output between cells).  With `until_mark` it stops at the
+ * running cell's end mark. */
+static void read_stream(sbx_box *b, int lang, int which, size_t limit, bool until_mark)
 {
     lane *ln = &b->lane[lang];
     unsigned char buf[1 << 16];
     size_t got = 0;
+    op *o = &ln->op;
     while (ln->fd[which] >= 0 && got < limit) {
+        if (until_mark && o->ended[which - F_OUT])
+            return;
         ssize_t n = read(ln->fd[which], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             return;
         got += (size_t)n;
-        op *o = &ln->op;
         if (o->active && o->sent) {
-            if (which == F_OUT)
-                keep(&o->out, o->out_cap, &o->out_cut, buf, (size_t)n);
-            else
-                keep(&o->err, o->err_cap, &o->err_cut, buf, (size_t)n);
+            take_output(o, which, buf, (size_t)n);
         } else if (ln->state == SBX_I_STARTING && which == F_ERR) {
             size_t room = START_ERR_KEEP - 1 - ln->start_err_len;
             size_t take = (size_t)n < room ? (size_t)n : room;
@@ -394,9 +443,11 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
     if (len == 3 + SUP_NONCE_LEN && body[0] == 'D' && (body[1] == '0' || body[1] == '1') &&
         ln->state == SBX_I_RUNNING && o->active && o->sent && !ln->broke &&
         memcmp(body + 2, o->nonce, SUP_NONCE_LEN) == 0) {
-        /* Everything the cell wrote before its end is in the FIFOs now. */
-        read_stream(b, lang, F_OUT, DRAIN_LIMIT);
-        read_stream(b, lang, F_ERR, DRAIN_LIMIT);
+        /* Everything the cell wrote before its end, and the end marks, are in the
+         * FIFOs now (a kernel whose cell closed its stdout wrote no mark there: then
+         * whatever is queued is taken). */
+        read_stream(b, lang, F_OUT, DRAIN_LIMIT, true);
+        read_stream(b, lang, F_ERR, DRAIN_LIMIT, true);
         ln->state = SBX_I_IDLE;
         sbx_cell_result r;
         memset(&r, 0, sizeof r);
@@ -446,9 +497,9 @@ static void on_fifo(struct ev_loop *loop, ev_io *w, int revents)
         if (w == &ln->rep_io)
             read_replies(b, l);
         else if (w == &ln->out_io)
-            read_stream(b, l, F_OUT, READ_ROUND);
+            read_stream(b, l, F_OUT, READ_ROUND, false);
         else if (w == &ln->err_io)
-            read_stream(b, l, F_ERR, READ_ROUND);
+            read_stream(b, l, F_ERR, READ_ROUND, false);
     }
 }
 
@@ -559,8 +610,8 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
         char *text = len > 4 ? sbx_xstrndup((const char *)p + 4, len - 4) : NULL;
         const char *why = ln->broke ? ln->broke : text;
         if (ln->op.active && ln->op.sent) {
-            read_stream(b, lang, F_OUT, DRAIN_LIMIT);
-            read_stream(b, lang, F_ERR, DRAIN_LIMIT);
+            read_stream(b, lang, F_OUT, DRAIN_LIMIT, false);
+            read_stream(b, lang, F_ERR, DRAIN_LIMIT, false);
             sbx_cell_result r;
             memset(&r, 0, sizeof r);
             r.end = SBX_CELL_DIED;
@@ -901,6 +952,9 @@ void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, ui
     o->job = job;
     if (!sbx_random_hex(SUP_NONCE_LEN / 2, o->nonce))
         snprintf(o->nonce, sizeof o->nonce, "%032x", 0);
+    o->mark[0] = 0x1f;
+    memcpy(o->mark + 1, o->nonce, SUP_NONCE_LEN);
+    o->mark[END_MARK_LEN - 1] = 0x1e;
     /* Output between cells was dropped as it came; what is queued now is not ours. */
     drain_fd(ln->fd[F_OUT]);
     drain_fd(ln->fd[F_ERR]);

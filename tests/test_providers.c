@@ -663,6 +663,23 @@ static void test_D41_output_between_cells_is_discarded(void **state)
     close_s(s);
 }
 
+/* Kernels end a cell's output with a mark (0x1f, the request nonce, 0x1e); output that
+ * merely looks like one -- the mark's first byte, twice, at a stream's end, a fake
+ * nonce -- is the cell's and kept whole. */
+static void test_D41_output_resembling_the_end_mark_is_kept(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python",
+                "import sys\nsys.stdout.write('a\\x1f\\x1fb' + '\\x1f' + '0' * 32 + '\\x1f\\x1e|')\n"
+                "sys.stdout.flush()\n_ = sys.stdout.write('\\x1f')",
+                "a\x1f\x1f" "b\x1f" "00000000000000000000000000000000\x1f\x1e|\x1f");
+    cell_prints(s, "javascript", "process.stdout.write('x\\x1f'); process.stdout.write('\\x1fy\\x1f'); void 0",
+                "x\x1f\x1fy\x1f");
+    close_s(s);
+}
+
 static void test_D25_a_process_left_behind_is_gone_by_the_next_call(void **state)
 {
     (void)state;
@@ -1269,6 +1286,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D35_pooled_first_cell_of_each_language_says_started, test_teardown),     \
     cmocka_unit_test_teardown(test_D40_output_capped_at_64_KiB_prefix_kept_flags_set, test_teardown),       \
     cmocka_unit_test_teardown(test_D41_output_between_cells_is_discarded, test_teardown),                   \
+    cmocka_unit_test_teardown(test_D41_output_resembling_the_end_mark_is_kept, test_teardown),              \
     cmocka_unit_test_teardown(test_D25_a_process_left_behind_is_gone_by_the_next_call, test_teardown),      \
     cmocka_unit_test_teardown(test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline, test_teardown), \
     cmocka_unit_test_teardown(test_D44_projects_in_sessions_are_refused_unsupported, test_teardown),        \

@@ -8,6 +8,7 @@
 //   request  nonce (32 ASCII hex) + code (UTF-8)
 //   reply    "R" + TOKEN (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
 //            + spawned ("1" when the cell may have started a process, else "0")
+// Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2.
 // Notebook semantics: cells run as scripts in this process's global context; top-level
 // let/const/class become var so names can be declared again; top-level await works
 // (Node's REPL transform); a final value that is not undefined is stored as
@@ -57,6 +58,21 @@
     const all = Buffer.concat([head, b]);
     let off = 0;
     while (off < all.length) off += fs.writeSync(repFd, all, off);
+  }
+
+  // The end mark on both streams, before the end reply: what a timer or a child writes
+  // after it is output between cells, dropped by the daemon.  Shorter than PIPE_BUF, so
+  // written whole and never interleaved; process.stdout writes to pipes are synchronous,
+  // so everything the cell wrote is before it.
+  function endMark(nonce) {
+    const mark = Buffer.from('\x1f' + nonce + '\x1e', 'latin1');
+    for (const fd of [1, 2]) {
+      for (let tries = 0; tries < 1000; tries++) {
+        try { fs.writeSync(fd, mark); break; } catch (e) {
+          if (e.code !== 'EAGAIN') break; // closed by the cell: the daemon takes what is queued
+        }
+      }
+    }
   }
 
   function show(text) {
@@ -154,6 +170,7 @@
       // A rejection the cell left unhandled is reported with it: one turn of the event
       // loop lets Node emit it (only then: the turn costs time every cell would pay).
       if (rejectionPending()) await new Promise((resolve) => setImmediate(resolve));
+      endMark(nonce);
       send('D' + status + nonce + (spawned || !canTell ? '1' : '0'));
     }
     busy = false;
@@ -175,12 +192,16 @@
   // a warm sandbox's first cell does not pay for V8 warming up.
   (async () => {
     try {
+      void process.stdout; // the streams are made on first use: make them now
+      void process.stderr;
       for (const code of ['let warm = 1; warm', 'await 0']) {
         const src = rewrite(code);
         const wrapped = toplevelAwait && /\bawait\b/.test(src) ? toplevelAwait(src) : null;
-        const script = new vm.Script(wrapped || '(() => { ' + src + ' })()', { filename: 'warm-up.js' });
+        const script = new vm.Script(wrapped || '(() => { ' + src + ' })()',
+          { filename: 'warm-up.js', importModuleDynamically: importer });
         const v = await script.runInThisContext();
-        util.inspect(v, inspectOptions);
+        // Written like a cell's value (before "ready": the daemon drops it).
+        process.stdout.write(util.inspect(v, inspectOptions) + '\n');
       }
     } catch (e) { /* never fatal */ }
     send('R' + token);

@@ -7,6 +7,7 @@
 #   request  nonce (32 ASCII hex) + code (UTF-8)
 #   reply    b"R" + TOKEN (ready, once)  |  b"D" + status (b"0" ran, b"1" raised) + nonce
 #            + spawned (b"1" when the cell may have started a process, else b"0")
+# Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2.
 # Notebook semantics: one global namespace (__main__); a last expression's value is
 # stored as `_` and its repr printed unless None; top-level await runs on a private
 # event loop; every BaseException ends the cell (traceback on stderr from <cell N>),
@@ -140,6 +141,14 @@ def _berth_kernel():
         if forked:
             os._exit(0)  # a process the cell forked never goes on as the kernel
         flush()
+        # The end mark on both streams, before the end reply: what a thread or a child
+        # writes after it is output between cells, dropped by the daemon.
+        mark = b"\x1f" + nonce + b"\x1e"
+        for fd in (1, 2):
+            try:
+                os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
+            except OSError:
+                pass  # the cell closed it: the daemon takes what is queued
         send(b"D" + status + nonce + (b"1" if spawned[0] else b"0"))
 
 
