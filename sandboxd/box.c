@@ -1017,7 +1017,7 @@ void sbx_box_kill(sbx_box *b, int lang)
         send_simple(b, SUP_KILL, lang, NULL, 0);
 }
 
-void sbx_box_sweep(sbx_box *b, sbx_sweep_cb cb, void *ud)
+void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud)
 {
     b->sweeping = true;
     b->sweep_cb = cb;
@@ -1026,8 +1026,8 @@ void sbx_box_sweep(sbx_box *b, sbx_sweep_cb cb, void *ud)
         ev_timer_start(b->loop, &b->fail_now);
         return;
     }
-    unsigned char measure = b->measure;
-    send_simple(b, SUP_SWEEP, SUP_LANG_NONE, &measure, 1);
+    unsigned char flags = (b->measure ? SUP_SWEEP_MEASURE : 0) | (thorough ? SUP_SWEEP_THOROUGH : 0);
+    send_simple(b, SUP_SWEEP, SUP_LANG_NONE, &flags, 1);
 }
 
 static void on_frozen(sbx_box *b, bool ok)

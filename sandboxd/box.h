@@ -126,8 +126,9 @@ void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t 
                   sbx_cell_cb cb, void *ud);
 /* Kills an interpreter (a deadline) or the snippet (SUP_LANG_EXEC). */
 void sbx_box_kill(sbx_box *b, int lang);
-/* Kills stray processes and measures the disk. */
-void sbx_box_sweep(sbx_box *b, sbx_sweep_cb cb, void *ud);
+/* Kills stray processes and measures the disk.  `thorough` when the last call may have
+ * started a process: the supervisor then scans instead of trusting a task count. */
+void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud);
 void sbx_box_freeze(sbx_box *b, bool frozen, void (*cb)(void *ud, bool ok), void *ud);
 /* Ends the sandbox: operations in flight complete first (SBX_CELL_SANDBOX_GONE), then
  * the supervisor is told to go (EOF), forced after a bound, cleaned up, and `cb` runs;

@@ -703,7 +703,7 @@ static void session_after_call(sbx_psession *s)
     if (p_sweeps_on_hint(s) && s->no_sweep)
         return; /* the kernel says this cell started no process */
     s->sweeping = true;
-    sbx_box_sweep(s->box, on_swept, s);
+    sbx_box_sweep(s->box, !s->no_sweep, on_swept, s);
 }
 
 /* ---------------------------------------------------------------- sessions: open */
@@ -1352,7 +1352,7 @@ static void smoke_next(smoke *k)
             smoke_finish(k, sbx_xstrdup("no interpreter answered its probe"));
             return;
         }
-        sbx_box_sweep(k->box, on_smoke_swept, k);
+        sbx_box_sweep(k->box, true, on_smoke_swept, k);
     }
 }
 

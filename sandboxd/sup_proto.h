@@ -24,7 +24,8 @@
  *   SUP_FILES lang                 u32 n_files, n_files x (u32 path_len, path, u32 len,
  *                                  content): write a cell's files into the work directory
  *   SUP_KILL lang                  SIGKILL the kernel (or the snippet: SUP_LANG_EXEC)
- *   SUP_SWEEP                      u8 measure: kill every stray process, measure the disk
+ *   SUP_SWEEP                      u8 flags (SUP_SWEEP_MEASURE, SUP_SWEEP_THOROUGH): kill
+ *                                  every stray process, measure the disk
  *   SUP_EXEC                       u32 out_cap, u32 err_cap, then the snippet (stdin of a
  *                                  fresh `node -`, whose output the supervisor relays)
  * Supervisor -> daemon:
@@ -63,6 +64,8 @@ enum {
 };
 
 #define SUP_FILES_ALL_WRITTEN 0xFFFFFFFFu
+#define SUP_SWEEP_MEASURE 1u         /* measure the disk too */
+#define SUP_SWEEP_THOROUGH 2u        /* a process may have started: scan, never guess */
 #define SUP_KERNEL_MAX_REPLY 64      /* a kernel's reply frame body is never longer */
 
 static inline void sup_put32(unsigned char *p, uint32_t v)

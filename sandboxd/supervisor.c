@@ -862,11 +862,15 @@ static void on_sweep(const unsigned char *pl, size_t len)
 {
     /* gVisor: when the sandbox holds exactly as many tasks as right after the last
      * sweep that proved it clean, no process was left behind (one system call instead
-     * of a scan).  A task gone while another came shows as equal: a call that wants to
-     * hide a leftover that way can, but only inside its own session, still within the
-     * sandbox's limits. */
+     * of a scan).  A task gone while another came shows as equal -- a kernel's own
+     * thread ending while its cell's child lives -- so a call that may have started a
+     * process is always scanned; one that goes around the kernels' hint to hide a
+     * leftover can, but only inside its own session, still within the sandbox's
+     * limits. */
     static unsigned baseline;
-    if (O.count_tasks && baseline && tasks_now() == baseline && (len < 1 || !pl[0])) {
+    unsigned flags = len >= 1 ? pl[0] : 0;
+    if (O.count_tasks && baseline && !(flags & (SUP_SWEEP_MEASURE | SUP_SWEEP_THOROUGH)) &&
+        tasks_now() == baseline) {
         unsigned char p[13] = {0};
         p[4] = 1;
         send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
@@ -876,7 +880,7 @@ static void on_sweep(const unsigned char *pl, size_t len)
     uint32_t killed = sweep(&clean);
     baseline = clean && O.count_tasks ? tasks_now() : 0;
     uint64_t used = 0;
-    if (len >= 1 && pl[0]) {
+    if (flags & SUP_SWEEP_MEASURE) {
         if (O.walk_disk) {
             size_t entries = 0;
             used = walk(workfd, &entries);
