@@ -529,6 +529,31 @@ static void test_D32_interpreter_death_in_a_cell_exit_1_interpreter_ended(void *
     close_s(s);
 }
 
+/* Fault: the interpreter is killed by a signal while its cell runs (here by the cell
+ * itself, as the OOM killer or a stray kill would): the cell ends, nothing else does. */
+static void test_fault_interpreter_killed_by_a_signal_mid_cell(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell(s, "python", "import os, signal\nprint('before', flush=True)\n"
+                                      "os.kill(os.getpid(), signal.SIGKILL)");
+    assert_int_equal(r->exit_code, 1);
+    assert_true(r->interpreter_ended);
+    assert_false(r->timed_out);
+    contains(r->stdout_text, "before");
+    plm_result_free(r);
+    r = cell(s, "javascript", "console.log('before'); process.kill(process.pid, 'SIGKILL')");
+    assert_int_equal(r->exit_code, 1);
+    assert_true(r->interpreter_ended);
+    contains(r->stdout_text, "before");
+    plm_result_free(r);
+    cell_prints(s, "python", "1 + 1", "2\n");
+    cell_prints(s, "javascript", "1 + 1", "2\n");
+    close_s(s);
+    daemon_still_serves();
+}
+
 static void test_D33_deadline_kills_interpreter_next_cell_fresh(void **state)
 {
     (void)state;
@@ -1281,6 +1306,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D30_exceptions_end_the_cell_not_the_interpreter, test_teardown),         \
     cmocka_unit_test_teardown(test_D31_javascript_errors_outside_cells_are_not_fatal, test_teardown),       \
     cmocka_unit_test_teardown(test_D32_interpreter_death_in_a_cell_exit_1_interpreter_ended, test_teardown), \
+    cmocka_unit_test_teardown(test_fault_interpreter_killed_by_a_signal_mid_cell, test_teardown),          \
     cmocka_unit_test_teardown(test_D33_deadline_kills_interpreter_next_cell_fresh, test_teardown),          \
     cmocka_unit_test_teardown(test_D34_deadline_before_the_code_was_sent_runs_nothing, test_teardown),      \
     cmocka_unit_test_teardown(test_D35_pooled_first_cell_of_each_language_says_started, test_teardown),     \
