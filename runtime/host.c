@@ -217,9 +217,17 @@ static void task_end(berth_task *t, bool ok, const char *error)
   free(t);
   /* A failed hook may have filled the state (a memory bomb), and lauxlib's buffers
    * grow without the emergency collection Lua's own allocations get: collect now,
-   * as Redis paces its GC between calls rather than during them. */
-  if (!ok || (h->mem.limit && h->mem.used > h->mem.limit / 2))
+   * as Redis paces its GC between calls rather than during them.  Past half the cap a
+   * full collection also runs, but only once the state has grown by half since the
+   * last one: many live conversations keep it over half for good, and a collection
+   * after every task would cost time growing with their number at every turn. */
+  size_t grown = h->mem.after_gc + h->mem.after_gc / 2, near_cap = h->mem.limit - h->mem.limit / 8;
+  if (grown > near_cap)
+    grown = near_cap; /* close to the cap, collect every time */
+  if (!ok || (h->mem.limit && h->mem.used > h->mem.limit / 2 && h->mem.used > grown)) {
     lua_gc(h->L, LUA_GCCOLLECT);
+    h->mem.after_gc = h->mem.used;
+  }
 }
 
 void berth_task_kill(berth_task *t)

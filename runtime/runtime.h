@@ -31,6 +31,7 @@ typedef struct berth_op berth_op;
 typedef struct berth_mem {
   size_t used, limit;            /* bytes; limit 0 = none */
   size_t peak;
+  size_t after_gc;               /* in use after the last collection task_end forced */
   bool enforce;                  /* only while Lua code of a task runs */
 } berth_mem;
 
