@@ -698,6 +698,13 @@ static void session_after_call(sbx_psession *s)
             schedule_tell(s, PLM_END_MAIN_PROCESS_ENDED, "the sandbox ended");
         return;
     }
+    if (s->pending_end != PLM_END_OPEN) {
+        /* The session is over (the call was refused with its end): tell the registry
+         * now, before the owner's next request -- a CloseSession must report that
+         * end, not "closed" -- and sweep nothing more. */
+        ev_timer_start(s->p->loop, &s->tell);
+        return;
+    }
     if (s->sweeping)
         return; /* a call refused while the last sweep ran: that sweep covers it */
     if (p_sweeps_on_hint(s) && s->no_sweep)
