@@ -1,16 +1,17 @@
 /*
  * transport.c — one Connect unary exchange at a time per easy handle, many at once on
- * one libcurl multi handle driven by libev (the shape of curl's evhiperfifo example).
+ * one libcurl multi handle driven by libev (curl_ev.c, the shape of curl's evhiperfifo
+ * example).
  *
  * Pitfalls this file is written around (notes/lua-c-anchors.md §1.4, §3.8):
  *  - completions are collected from curl_multi_info_read after curl_multi_socket_action
  *    returns, and only then handed to callers: a caller may start another exchange from
  *    its callback, which must never happen inside a libcurl callback;
- *  - the socket callback tolerates unknown or already-removed sockets and re-initialises
- *    the ev_io on every registration, because fd numbers are reused;
- *  - curl's timeout is converted with / 1000.0 (the example divides integers);
- *  - cancellation only marks the exchange and arms a zero timer; removal happens there.
+ *  - the socket and timer rules (fd reuse, / 1000.0) are curl_ev.c's;
+ *  - cancellation only marks the exchange and arms a zero timer; removal happens there;
+ *  - a request is sent at most once (prereq_cb, open_socket_cb, CURLOPT_MAXAGE_CONN).
  */
+#include "curl_ev.h"
 #include "internal.h"
 
 #include <curl/curl.h>
@@ -27,15 +28,11 @@
 typedef struct xfer xfer;
 
 struct plm_http {
-    struct ev_loop *loop;
-    CURLM *multi;
-    ev_timer timer;             /* curl's own timeout */
+    plm_curl_ev ev;             /* the multi handle on the loop (curl_ev.h) */
     ev_timer reap;              /* zero-delay: completes cancelled exchanges */
     xfer *inflight;
     char *base_url, *auth_header, *ca_file;
     long timeout_ms;
-    int dispatching;            /* > 0 while callbacks run: defer plm_http_free */
-    bool free_pending;
 };
 
 struct xfer {
@@ -60,74 +57,6 @@ struct xfer {
     xfer *prev, *next;
     plm_exchange x;
 };
-
-typedef struct sock_ctx {
-    ev_io io;
-    plm_http *h;
-} sock_ctx;
-
-static void check_multi_info(plm_http *h);
-
-/* ---------------------------------------------------------------- libev glue */
-
-static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    sock_ctx *s = w->data;
-    plm_http *h = s->h; /* the action may remove the socket and free `s` */
-    int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
-                 (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
-    int running;
-    curl_multi_socket_action(h->multi, w->fd, action, &running);
-    check_multi_info(h);
-}
-
-static void timer_event_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    plm_http *h = w->data;
-    int running;
-    curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-    check_multi_info(h);
-}
-
-static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
-{
-    plm_http *h = userp;
-    sock_ctx *s = socketp;
-    if (what == CURL_POLL_REMOVE) {
-        if (s) {
-            ev_io_stop(h->loop, &s->io);
-            curl_multi_assign(h->multi, fd, NULL);
-            free(s);
-        }
-        return 0;
-    }
-    int kind = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s)
-            return -1;
-        s->h = h;
-        curl_multi_assign(h->multi, fd, s);
-    } else {
-        ev_io_stop(h->loop, &s->io);
-    }
-    ev_io_init(&s->io, io_cb, fd, kind);
-    s->io.data = s;
-    ev_io_start(h->loop, &s->io);
-    return 0;
-}
-
-static int multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
-{
-    plm_http *h = userp;
-    ev_timer_stop(h->loop, &h->timer);
-    if (timeout_ms >= 0) {
-        /* Never call curl from here, even for 0: arm a timer and let the loop do it. */
-        ev_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
-        ev_timer_start(h->loop, &h->timer);
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- curl callbacks */
 
@@ -165,16 +94,10 @@ static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
         t->mark = PLM_REFUSAL_NONE;
         return n;
     }
-    const char *colon = memchr(line, ':', n);
-    if (!colon)
+    size_t name_len, vlen;
+    const char *v;
+    if (!plm_curl_ev_header(line, n, &name_len, &v, &vlen))
         return n;
-    size_t name_len = (size_t)(colon - line);
-    const char *v = colon + 1, *end = line + n;
-    while (v < end && (*v == ' ' || *v == '\t'))
-        v++;
-    while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
-        end--;
-    size_t vlen = (size_t)(end - v);
     if (name_len == 19 && strncasecmp(line, "Plimsoll-Request-Id", 19) == 0) {
         /* Two values, or two joined by a proxy, never match. */
         t->id_count += memchr(v, ',', vlen) ? 2 : 1;
@@ -299,58 +222,51 @@ static void complete(xfer *t, CURLcode rc)
         t->x.bound = t->id_count == 1 && strcmp(t->id_seen, t->x.request_id) == 0;
         t->x.header_mark = t->mark;
     }
-    h->dispatching++;
+    plm_curl_ev_hold(&h->ev);
     t->cb(t->ud, &t->x);
-    h->dispatching--;
+    plm_curl_ev_release(&h->ev); /* never the outermost hold: the caller frees */
     xfer_free(t);
 }
 
-static void check_multi_info(plm_http *h)
+/* The driver's drain, after every curl_multi_socket_action. */
+static void check_multi_info(void *ud)
 {
-    CURLMsg *msg;
-    int left;
+    plm_http *h = ud;
     /* Detach every finished exchange first, then run callbacks: a callback may add
      * new handles, which must not interleave with curl_multi_info_read. */
-    xfer *done = NULL, **tail = &done;
-    while ((msg = curl_multi_info_read(h->multi, &left))) {
-        if (msg->msg != CURLMSG_DONE)
-            continue;
-        xfer *t = NULL;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
-        CURLcode rc = msg->data.result;
-        curl_multi_remove_handle(h->multi, msg->easy_handle);
+    xfer *done = NULL, **tail = &done, *t;
+    CURLcode rc;
+    while ((t = plm_curl_ev_next_done(&h->ev, &rc))) {
         unlink_xfer(h, t);
         t->rc = rc;
         *tail = t;
         tail = &t->next;
     }
-    h->dispatching++;
+    plm_curl_ev_hold(&h->ev);
     while (done) {
-        xfer *t = done;
+        t = done;
         done = t->next;
         t->next = NULL;
         complete(t, t->rc);
     }
-    h->dispatching--;
-    if (h->free_pending && h->dispatching == 0)
+    if (plm_curl_ev_release(&h->ev))
         plm_http_free(h);
 }
 
 static void reap_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     plm_http *h = w->data;
-    h->dispatching++;
+    plm_curl_ev_hold(&h->ev);
     for (xfer *t = h->inflight, *next; t; t = next) {
         next = t->next;
         if (!t->canceled)
             continue;
-        curl_multi_remove_handle(h->multi, t->easy);
+        curl_multi_remove_handle(h->ev.multi, t->easy);
         unlink_xfer(h, t);
         complete(t, CURLE_ABORTED_BY_CALLBACK);
         next = h->inflight; /* callbacks may have changed the list: rescan */
     }
-    h->dispatching--;
-    if (h->free_pending && h->dispatching == 0)
+    if (plm_curl_ev_release(&h->ev))
         plm_http_free(h);
 }
 
@@ -358,7 +274,7 @@ static void on_cancel(plm_listener *l)
 {
     xfer *t = (xfer *)((char *)l - offsetof(xfer, cancel_l));
     t->canceled = true;
-    ev_timer_start(t->h->loop, &t->h->reap);
+    ev_timer_start(t->h->ev.loop, &t->h->reap);
 }
 
 /* ---------------------------------------------------------------- public */
@@ -368,25 +284,18 @@ plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg)
     plm_http *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
-    h->loop = loop;
+    int rc = plm_curl_ev_init(&h->ev, loop, check_multi_info, h);
+    ev_timer_init(&h->reap, reap_cb, 0., 0.);
+    h->reap.data = h;
     h->timeout_ms = cfg->timeout_ms;
     h->base_url = strdup(cfg->base_url);
     h->ca_file = plm_strdup(cfg->ca_file);
     if (cfg->token && *cfg->token)
         h->auth_header = plm_printf("Authorization: Bearer %s", cfg->token);
-    h->multi = curl_multi_init();
-    if (!h->base_url || !h->multi) {
+    if (!h->base_url || rc != 0) {
         plm_http_free(h);
         return NULL;
     }
-    curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
-    curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
-    curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
-    curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
-    ev_timer_init(&h->timer, timer_event_cb, 0., 0.);
-    h->timer.data = h;
-    ev_timer_init(&h->reap, reap_cb, 0., 0.);
-    h->reap.data = h;
     return h;
 }
 
@@ -394,23 +303,19 @@ void plm_http_free(plm_http *h)
 {
     if (!h)
         return;
-    if (h->dispatching) {
-        h->free_pending = true;
+    if (plm_curl_ev_defer_free(&h->ev))
         return;
-    }
-    h->dispatching++;
+    plm_curl_ev_hold(&h->ev); /* a callback's plm_http_free waits, then is moot */
     while (h->inflight) {
         xfer *t = h->inflight;
-        curl_multi_remove_handle(h->multi, t->easy);
+        curl_multi_remove_handle(h->ev.multi, t->easy);
         unlink_xfer(h, t);
         t->canceled = true;
         complete(t, CURLE_ABORTED_BY_CALLBACK);
     }
-    h->dispatching--;
-    ev_timer_stop(h->loop, &h->timer);
-    ev_timer_stop(h->loop, &h->reap);
-    if (h->multi)
-        curl_multi_cleanup(h->multi); /* removes remaining sockets through sock_cb */
+    plm_curl_ev_release(&h->ev);
+    ev_timer_stop(h->ev.loop, &h->reap);
+    plm_curl_ev_fini(&h->ev); /* removes remaining sockets */
     free(h->base_url);
     free(h->auth_header);
     free(h->ca_file);
@@ -459,21 +364,8 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
         hd = curl_slist_append(hd, h->auth_header);
     t->headers = hd;
     CURL *e = t->easy;
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_POST, 1L);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hd);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
-    curl_easy_setopt(e, CURLOPT_PRIVATE, t);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    plm_curl_ev_post_opts(e, url, body, strlen(body), hd, write_cb, header_cb, t, t->errbuf);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, h->timeout_ms);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L); /* redirects are errors */
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
     curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket_cb);
@@ -483,7 +375,7 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
     curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 5L);
     if (h->ca_file)
         curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_file);
-    if (curl_multi_add_handle(h->multi, e) != CURLM_OK)
+    if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK)
         goto fail;
     free(url);
     free(id_header);

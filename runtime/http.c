@@ -1,6 +1,6 @@
 /*
  * http.c — streaming POSTs on one libcurl multi handle driven by the host's libev
- * loop (http.h).  The shape is curl's evhiperfifo example and lib/transport.c.
+ * loop (http.h), through libplimsoll's driver lib/curl_ev.c (as lib/transport.c).
  *
  * The curl callbacks (header, write) only record: the status and the headers we
  * need, body bytes appended to the request's pending buffer, and the request put on
@@ -13,6 +13,8 @@
  */
 #include "http.h"
 
+#include "curl_ev.h"
+
 #include <curl/curl.h>
 #include <ev.h>
 #include <stdlib.h>
@@ -21,21 +23,10 @@
 
 #define HTTP_DEFAULT_MAX ((size_t)64 << 20)
 
-typedef struct sock_ctx {
-  ev_io io;
-  struct berth_http *h;
-  struct sock_ctx *prev, *next;
-} sock_ctx;
-
 struct berth_http {
-  struct ev_loop *loop;
-  CURLM *multi;
-  ev_timer timer;               /* curl's own timeout */
+  plm_curl_ev ev;               /* the multi handle on the loop (lib/curl_ev.h) */
   berth_http_req *all;          /* every request not yet freed */
   berth_http_req *dirty, *dirty_tail;  /* requests with something to hand over */
-  sock_ctx *socks;              /* ev_io watchers curl asked for */
-  int dispatching;              /* > 0 while callbacks run: defer berth_http_free */
-  bool free_pending;
 };
 
 struct berth_http_req {
@@ -63,93 +54,6 @@ struct berth_http_req {
   berth_http_req *prev, *next;  /* h->all */
   berth_http_req *next_dirty;
 };
-
-static void dispatch(berth_http *h);
-
-/* {====================================================== libev glue */
-
-static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-  (void)loop;
-  sock_ctx *s = w->data;
-  berth_http *h = s->h;         /* the action may remove the socket and free `s` */
-  int action = (revents & EV_READ ? CURL_CSELECT_IN : 0) |
-               (revents & EV_WRITE ? CURL_CSELECT_OUT : 0);
-  int running;
-  curl_multi_socket_action(h->multi, w->fd, action, &running);
-  dispatch(h);
-}
-
-static void timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-  (void)loop;
-  (void)revents;
-  berth_http *h = w->data;
-  int running;
-  curl_multi_socket_action(h->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-  dispatch(h);
-}
-
-static void sock_forget(berth_http *h, sock_ctx *s)
-{
-  ev_io_stop(h->loop, &s->io);
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    h->socks = s->next;
-  if (s->next)
-    s->next->prev = s->prev;
-  free(s);
-}
-
-/* Tolerates a REMOVE for a socket it never saw, and re-initialises the watcher on
- * every registration: the fd number may be a new socket's (notes §3.8). */
-static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
-{
-  (void)e;
-  berth_http *h = userp;
-  sock_ctx *s = socketp;
-  if (what == CURL_POLL_REMOVE) {
-    if (s) {
-      curl_multi_assign(h->multi, fd, NULL);
-      sock_forget(h, s);
-    }
-    return 0;
-  }
-  int kind = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0);
-  if (!s) {
-    s = calloc(1, sizeof *s);
-    if (!s)
-      return -1;
-    s->h = h;
-    s->next = h->socks;
-    if (h->socks)
-      h->socks->prev = s;
-    h->socks = s;
-    curl_multi_assign(h->multi, fd, s);
-  } else
-    ev_io_stop(h->loop, &s->io);
-  ev_io_init(&s->io, io_cb, fd, kind);
-  s->io.data = s;
-  ev_io_start(h->loop, &s->io);
-  return 0;
-}
-
-static int multi_timer_cb(CURLM *m, long timeout_ms, void *userp)
-{
-  (void)m;
-  berth_http *h = userp;
-  ev_timer_stop(h->loop, &h->timer);
-  if (timeout_ms >= 0) {
-    /* Never call curl from here, even for 0: the loop does it.  / 1000.0, not
-     * / 1000: the example's integer division turns 999 ms into 0. */
-    ev_timer_set(&h->timer, timeout_ms / 1000.0, 0.);
-    ev_timer_start(h->loop, &h->timer);
-  }
-  return 0;
-}
-
-/* }====================================================== */
 
 /* {====================================================== curl callbacks (record only) */
 
@@ -196,15 +100,11 @@ static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
     }
     return n;
   }
-  const char *colon = memchr(line, ':', n);
-  if (!colon || r->head_ready)  /* trailers are not wanted */
-    return n;
-  size_t name = (size_t)(colon - line);
-  const char *v = colon + 1, *end = line + n;
-  while (v < end && (*v == ' ' || *v == '\t'))
-    v++;
-  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' ' || end[-1] == '\t'))
-    end--;
+  size_t name, vlen;
+  const char *v;
+  if (r->head_ready || !plm_curl_ev_header(line, n, &name, &v, &vlen))
+    return n;                   /* trailers are not wanted */
+  const char *end = v + vlen;
   if (name == 12 && strncasecmp(line, "Content-Type", 12) == 0)
     header_copy(r->content_type, sizeof r->content_type, v, end);
   else if (name == 11 && strncasecmp(line, "Retry-After", 11) == 0) {
@@ -272,7 +172,7 @@ static void req_free(berth_http_req *r)
   if (r->next)
     r->next->prev = r->prev;
   if (r->attached)
-    curl_multi_remove_handle(h->multi, r->easy);
+    curl_multi_remove_handle(h->ev.multi, r->easy);
   curl_easy_cleanup(r->easy);
   curl_slist_free_all(r->headers);
   free(r->body);
@@ -283,16 +183,9 @@ static void req_free(berth_http_req *r)
 /* Finished transfers: removed from the multi handle at once, delivered later. */
 static void collect(berth_http *h)
 {
-  CURLMsg *msg;
-  int left;
-  while ((msg = curl_multi_info_read(h->multi, &left))) {
-    if (msg->msg != CURLMSG_DONE)
-      continue;
-    char *priv = NULL;
-    curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
-    berth_http_req *r = (berth_http_req *)priv;
-    CURLcode rc = msg->data.result;
-    curl_multi_remove_handle(h->multi, msg->easy_handle);  /* msg is gone after this */
+  berth_http_req *r;
+  CURLcode rc;
+  while ((r = plm_curl_ev_next_done(&h->ev, &rc))) {
     r->attached = false;
     r->finished = true;
     r->rc = rc;
@@ -314,12 +207,12 @@ static void deliver(berth_http_req *r)
       stop = r->cbs.head(r->ud, &hd);
     }
   }
-  while (!stop && r->plen && !r->canceled && !h->free_pending) {
+  while (!stop && r->plen && !r->canceled && !h->ev.free_pending) {
     size_t n = r->plen;
     r->plen = 0;                /* nothing appends while we are outside curl */
     stop = r->cbs.chunk(r->ud, r->pending, n);
   }
-  if (r->canceled || h->free_pending) {
+  if (r->canceled || h->ev.free_pending) {
     r->in_cb = false;
     if (r->canceled)
       req_free(r);
@@ -330,7 +223,7 @@ static void deliver(berth_http_req *r)
     return;
   }
   if (r->attached) {
-    curl_multi_remove_handle(h->multi, r->easy);
+    curl_multi_remove_handle(h->ev.multi, r->easy);
     r->attached = false;
   }
   berth_http_result res;
@@ -350,10 +243,12 @@ static void deliver(berth_http_req *r)
   req_free(r);
 }
 
-static void dispatch(berth_http *h)
+/* The driver's drain, after every curl_multi_socket_action. */
+static void dispatch(void *ud)
 {
-  h->dispatching++;
-  while (!h->free_pending) {
+  berth_http *h = ud;
+  plm_curl_ev_hold(&h->ev);
+  while (!h->ev.free_pending) {
     collect(h);
     berth_http_req *r = h->dirty;
     if (!r)
@@ -365,8 +260,7 @@ static void dispatch(berth_http *h)
     r->next_dirty = NULL;
     deliver(r);
   }
-  h->dispatching--;
-  if (h->free_pending && h->dispatching == 0)
+  if (plm_curl_ev_release(&h->ev))
     berth_http_free(h);
 }
 
@@ -379,18 +273,11 @@ berth_http *berth_http_new(struct ev_loop *loop)
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return NULL;
   berth_http *h = calloc(1, sizeof *h);
-  if (!h || !(h->multi = curl_multi_init())) {
+  if (!h || plm_curl_ev_init(&h->ev, loop, dispatch, h) != 0) {
     free(h);
     curl_global_cleanup();
     return NULL;
   }
-  h->loop = loop;
-  curl_multi_setopt(h->multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
-  curl_multi_setopt(h->multi, CURLMOPT_SOCKETDATA, h);
-  curl_multi_setopt(h->multi, CURLMOPT_TIMERFUNCTION, multi_timer_cb);
-  curl_multi_setopt(h->multi, CURLMOPT_TIMERDATA, h);
-  ev_timer_init(&h->timer, timer_cb, 0., 0.);
-  h->timer.data = h;
   return h;
 }
 
@@ -398,16 +285,11 @@ void berth_http_free(berth_http *h)
 {
   if (!h)
     return;
-  if (h->dispatching) {
-    h->free_pending = true;
+  if (plm_curl_ev_defer_free(&h->ev))
     return;
-  }
   while (h->all)
     req_free(h->all);
-  curl_multi_cleanup(h->multi); /* closes cached connections (REMOVE through sock_cb) */
-  while (h->socks)              /* any curl did not remove: stop before anything leaks */
-    sock_forget(h, h->socks);
-  ev_timer_stop(h->loop, &h->timer);
+  plm_curl_ev_fini(&h->ev);     /* closes cached connections, stops every watcher */
   free(h);
   curl_global_cleanup();
 }
@@ -415,7 +297,7 @@ void berth_http_free(berth_http *h)
 berth_http_req *berth_http_start(berth_http *h, const berth_http_post *p,
                                  const berth_http_cbs *cbs, void *ud)
 {
-  if (h->free_pending)
+  if (h->ev.free_pending)
     return NULL;
   berth_http_req *r = calloc(1, sizeof *r);
   if (!r)
@@ -441,20 +323,8 @@ berth_http_req *berth_http_start(berth_http *h, const berth_http_post *p,
   hd = curl_slist_append(hd, "Expect:");  /* no 100-continue round trip */
   r->headers = hd;
   CURL *e = r->easy;
-  curl_easy_setopt(e, CURLOPT_URL, p->url);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(e, CURLOPT_POST, 1L);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, r->body);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)p->body_len);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hd);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
-  curl_easy_setopt(e, CURLOPT_PRIVATE, r);
-  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r->errbuf);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);  /* the key must not follow a redirect */
+  /* No redirect is followed: the key must not go elsewhere. */
+  plm_curl_ev_post_opts(e, p->url, r->body, p->body_len, hd, write_cb, header_cb, r, r->errbuf);
   curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   if (p->connect_timeout_ms > 0)
@@ -467,7 +337,7 @@ berth_http_req *berth_http_start(berth_http *h, const berth_http_post *p,
   }
   if (p->no_proxy)
     curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
-  if (curl_multi_add_handle(h->multi, e) != CURLM_OK) {
+  if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK) {
     curl_easy_cleanup(e);
     curl_slist_free_all(hd);
     free(r->body);
