@@ -3,6 +3,9 @@
  * process and bwrap providers, not gVisor): its cgroup (limits, freezer, OOM count,
  * kill), an optional host work directory, and their removal after the sandbox ended.
  * Stored as the box's backend data.
+ *
+ * The functions taking an sbx_backend are the box operations such a backend shares
+ * (SBX_CGBOX_OPS): its struct sbx_backend begins with an sbx_real_base (realprov.h).
  */
 #ifndef SBX_CGBOX_H
 #define SBX_CGBOX_H
@@ -26,15 +29,28 @@ typedef struct sbx_cgbox {
     void (*cleaned)(sbx_box *b);
 } sbx_cgbox;
 
-/* Attaches a new record to the box. */
-sbx_cgbox *sbx_cgbox_new(struct ev_loop *loop, sbx_box *b);
-void sbx_cgbox_freeze(struct ev_loop *loop, sbx_box *b, bool frozen,
-                      void (*cb)(sbx_box *b, bool ok));
-void sbx_cgbox_force_kill(sbx_box *b);
-void sbx_cgbox_cleanup(struct ev_loop *loop, sbx_box *b, void (*cb)(sbx_box *b));
-void sbx_cgbox_cleanup_sync(sbx_box *b);
-uint64_t sbx_cgbox_oom_kills(sbx_box *b);
-/* In a forked child: joins the box's cgroup (0 or an errno). */
-int sbx_cgbox_enter(const sbx_cgbox *cb);
+/* Fills what every such box shares: the sandbox uid and gid when the daemon is root,
+ * and without cgroups the kernel's per-process limits instead (nproc is per uid:
+ * shared by this daemon's sandboxes). */
+void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc);
+/* Starts argv (PATH the only environment) with in/out/err as its stdin, stdout and
+ * stderr, in a new session, in the box's new cgroup when there are cgroups, as the
+ * sandbox uid.  `work` (may be NULL) is a host directory removed with the box.
+ * Returns the pid, or -1 with *why. */
+pid_t sbx_cgbox_launch(sbx_backend *bk, sbx_box *b, const char *const *argv, const char *work,
+                       int in, int out, int err, char **why);
+void sbx_cgbox_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_box *b, bool ok));
+void sbx_cgbox_force_kill(sbx_backend *bk, sbx_box *b);
+void sbx_cgbox_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b));
+void sbx_cgbox_cleanup_sync(sbx_backend *bk, sbx_box *b);
+/* OOM kills so far in the box's group (sbx_real_backend.oom_kills). */
+uint64_t sbx_cgbox_oom_kills(sbx_backend *bk, sbx_box *b);
+
+/* The box operations of such a backend, with its own launch. */
+#define SBX_CGBOX_OPS(LAUNCH)                                                                 \
+    {                                                                                        \
+        .launch = LAUNCH, .freeze = sbx_cgbox_freeze, .force_kill = sbx_cgbox_force_kill,    \
+        .cleanup = sbx_cgbox_cleanup, .cleanup_sync = sbx_cgbox_cleanup_sync,                \
+    }
 
 #endif

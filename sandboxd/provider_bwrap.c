@@ -14,13 +14,9 @@
  * are a cgroup v1 group per sandbox when the daemon is root; without root, rlimits.
  */
 #include "cgbox.h"
-#include "log.h"
-#include "proc.h"
 #include "realprov.h"
-#include "sbxstate.h"
 #include "util.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +26,7 @@
 #define MAX_ARGS 128
 
 struct sbx_backend {
-    struct ev_loop *loop;
-    const sbx_config *cfg;
-    sbx_state st;
-    bool cgroups;
-    sbx_cglimits lim;
+    sbx_real_base base;            /* first (cgbox.h) */
     char uid[16];
     char *links[8][2];             /* host top-level links into /usr: {name, target} */
     char *binds[8];                /* host top-level directories bound read-only */
@@ -50,30 +42,15 @@ static sbx_backend *bwrap_create(struct ev_loop *loop, const sbx_config *cfg, ch
         *why = sbx_printf("bubblewrap is not at %s (--bwrap)", cfg->bwrap_path);
         return NULL;
     }
-    if (!sbx_executable(cfg->python_path) && !sbx_executable(cfg->node_path)) {
-        *why = sbx_printf("neither %s nor %s is there", cfg->python_path, cfg->node_path);
+    if (!sbx_real_interps_ok(cfg, true, true, why))
         return NULL;
-    }
-    if (strncmp(cfg->python_path, "/usr/", 5) != 0 || strncmp(cfg->node_path, "/usr/", 5) != 0) {
-        *why = sbx_xstrdup("the interpreters must live under /usr (the only tree the sandbox sees)");
-        return NULL;
-    }
     sbx_backend *bk = sbx_xcalloc(1, sizeof *bk);
-    bk->loop = loop;
-    bk->cfg = cfg;
-    if (sbx_state_init(&bk->st, cfg, "bwrap", NULL, NULL, why) != 0) {
+    if (sbx_real_base_init(&bk->base, loop, cfg, "bwrap", NULL, NULL,
+                           "memory and pids limited by rlimits only", why) != 0) {
         free(bk);
         return NULL;
     }
-    char *cgwhy = NULL;
-    bk->cgroups = sbx_cgroup_init(&cgwhy);
-    if (!bk->cgroups) {
-        sbx_log("bwrap provider: no cgroups (%s); memory and pids limited by rlimits only",
-                cgwhy);
-        free(cgwhy);
-    }
-    bk->lim = (sbx_cglimits){(uint64_t)cfg->memory_mb << 20, cfg->pids, cfg->cpus};
-    snprintf(bk->uid, sizeof bk->uid, "%u", (unsigned)bk->st.uid);
+    snprintf(bk->uid, sizeof bk->uid, "%u", (unsigned)bk->base.st.uid);
     for (size_t i = 0; i < sizeof top_level / sizeof top_level[0]; i++) {
         char path[64], target[256];
         snprintf(path, sizeof path, "/%s", top_level[i]);
@@ -98,9 +75,7 @@ static void bwrap_destroy(sbx_backend *bk)
     }
     for (size_t i = 0; i < bk->n_binds; i++)
         free(bk->binds[i]);
-    sbx_state_fini(&bk->st);
-    if (bk->cgroups)
-        sbx_cgroup_fini();
+    sbx_real_base_fini(&bk->base);
     free(bk);
 }
 
@@ -109,43 +84,19 @@ static void bwrap_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->mode = "bwrap";
     bc->work = "/work";
     bc->io = "/.berth/io";
-    snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->st.dir, bc->id);
+    snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->base.st.dir, bc->id);
     bc->host_io = bk->io;
-    if (bk->st.root) {
-        bc->uid = bk->st.uid;
-        bc->gid = bk->st.gid;
-    }
     bc->supervisor_path = "/.berth/supervisor";
-    if (!bk->cgroups) {
-        bc->nproc = bk->cfg->pids; /* per uid: shared by this daemon's sandboxes */
-        bc->as_mb = bk->cfg->memory_mb;
-    }
+    sbx_cgbox_box_config(bk, bc);
 }
 
-typedef struct launch_ctx {
-    sbx_cgbox *c;
-    const sbx_state *st;
-} launch_ctx;
-
-static int bwrap_preexec(void *ud)
-{
-    launch_ctx *l = ud;
-    int e = sbx_cgbox_enter(l->c);
-    return e ? e : sbx_state_drop_privileges(l->st);
-}
-
+/* The supervisor under bubblewrap, its view of the host made of read-only binds. */
 static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err, char **why)
 {
-    sbx_cgbox *c = sbx_cgbox_new(bk->loop, b);
-    if (bk->cgroups) {
-        if (sbx_cgroup_create(&c->cg, sbx_box_id(b), &bk->lim, why) != 0)
-            return -1;
-        c->has_cg = true;
-    }
     const char *argv[MAX_ARGS];
     size_t n = 0;
     const char *fixed[] = {
-        bk->cfg->bwrap_path, "--unshare-user", "--unshare-pid", "--unshare-net",
+        bk->base.cfg->bwrap_path, "--unshare-user", "--unshare-pid", "--unshare-net",
         "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", bk->uid, "--gid",
         bk->uid, "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
         "--cap-add", "ALL", "--ro-bind", "/usr", "/usr",
@@ -163,7 +114,8 @@ static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err,
         argv[n++] = bk->binds[i];
     }
     const char *rest[] = {
-        "--ro-bind", bk->st.etc, "/etc", "--ro-bind", bk->st.supervisor, "/.berth/supervisor",
+        "--ro-bind", bk->base.st.etc, "/etc",
+        "--ro-bind", bk->base.st.supervisor, "/.berth/supervisor",
         "--ro-bind", sbx_box_host_io(b), "/.berth/io",
         "--proc", "/proc", "--dev", "/dev", "--dir", "/dev/shm", "--dir", "/work", "--dir",
         "/tmp", "--remount-ro", "/", "--chdir", "/", "--",
@@ -173,43 +125,7 @@ static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err,
     for (const char *const *a = sbx_box_supervisor_argv(b); *a && n < MAX_ARGS - 1; a++)
         argv[n++] = *a;
     argv[n] = NULL;
-    static const char *const env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
-    launch_ctx l = {c, &bk->st};
-    sbx_spawn sp = {.argv = argv, .envp = env, .fd0 = in, .fd1 = out, .fd2 = err,
-                    .new_session = true, .die_with_parent = true, .preexec = bwrap_preexec,
-                    .preexec_ud = &l};
-    c->pid = sbx_spawn_process(&sp);
-    if (c->pid < 0)
-        *why = sbx_printf("fork: %s", strerror(errno));
-    return c->pid;
-}
-
-static void bwrap_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_box *b, bool ok))
-{
-    sbx_cgbox_freeze(bk->loop, b, frozen, cb);
-}
-
-static void bwrap_force_kill(sbx_backend *bk, sbx_box *b)
-{
-    (void)bk;
-    sbx_cgbox_force_kill(b);
-}
-
-static void bwrap_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
-{
-    sbx_cgbox_cleanup(bk->loop, b, cb);
-}
-
-static void bwrap_cleanup_sync(sbx_backend *bk, sbx_box *b)
-{
-    (void)bk;
-    sbx_cgbox_cleanup_sync(b);
-}
-
-static uint64_t bwrap_oom_kills(sbx_backend *bk, sbx_box *b)
-{
-    (void)bk;
-    return sbx_cgbox_oom_kills(b);
+    return sbx_cgbox_launch(bk, b, argv, NULL, in, out, err, why);
 }
 
 /* The limits of a live sandbox read back from its group (the reference's smoke test
@@ -217,28 +133,23 @@ static uint64_t bwrap_oom_kills(sbx_backend *bk, sbx_box *b)
 static char *bwrap_verify(sbx_backend *bk, sbx_box *b)
 {
     sbx_cgbox *c = sbx_box_backend_data(b);
-    if (!bk->cgroups || !c || !c->has_cg)
+    const sbx_config *cfg = bk->base.cfg;
+    if (!bk->base.cgroups || !c || !c->has_cg)
         return NULL;
     char *pids = sbx_cgroup_read(&c->cg, SBX_CG_PIDS, "pids.max");
     char *mem = sbx_cgroup_read(&c->cg, SBX_CG_MEMORY, "memory.limit_in_bytes");
     char *why = NULL;
-    if (!pids || strtoul(pids, NULL, 10) != bk->cfg->pids)
-        why = sbx_printf("pids.max reads back %s, not %u", pids ? pids : "nothing", bk->cfg->pids);
-    else if (!mem || strtoull(mem, NULL, 10) != (unsigned long long)bk->cfg->memory_mb << 20)
+    if (!pids || strtoul(pids, NULL, 10) != cfg->pids)
+        why = sbx_printf("pids.max reads back %s, not %u", pids ? pids : "nothing", cfg->pids);
+    else if (!mem || strtoull(mem, NULL, 10) != (unsigned long long)cfg->memory_mb << 20)
         why = sbx_printf("memory.limit_in_bytes reads back %s, not %u MiB", mem ? mem : "nothing",
-                         bk->cfg->memory_mb);
+                         cfg->memory_mb);
     free(pids);
     free(mem);
     return why;
 }
 
-static const sbx_backend_ops bwrap_box_ops = {
-    .launch = bwrap_launch,
-    .freeze = bwrap_freeze,
-    .force_kill = bwrap_force_kill,
-    .cleanup = bwrap_cleanup,
-    .cleanup_sync = bwrap_cleanup_sync,
-};
+static const sbx_backend_ops bwrap_box_ops = SBX_CGBOX_OPS(bwrap_launch);
 
 static const sbx_real_backend bwrap_backend = {
     .name = "bwrap",
@@ -247,7 +158,7 @@ static const sbx_real_backend bwrap_backend = {
     .create = bwrap_create,
     .destroy = bwrap_destroy,
     .box_config = bwrap_box_config,
-    .oom_kills = bwrap_oom_kills,
+    .oom_kills = sbx_cgbox_oom_kills,
     .verify = bwrap_verify,
     .want_isolation = true,
     .want_seccomp = true,

@@ -37,10 +37,7 @@
 #define BACKSTOP_EXTRA_MB 256u
 
 struct sbx_backend {
-    struct ev_loop *loop;
-    const sbx_config *cfg;
-    sbx_state st;
-    bool cgroups;
+    sbx_real_base base;            /* first (realprov.h) */
     char *runsc_root, *rootfs, *bundles;
     char platform[64];
     char io[512];                  /* scratch for box_config */
@@ -140,31 +137,23 @@ static sbx_backend *gvisor_create(struct ev_loop *loop, const sbx_config *cfg, c
         *why = sbx_xstrdup("runsc needs root here (sandboxd runs as an ordinary user)");
         return NULL;
     }
-    if (strncmp(cfg->python_path, "/usr/", 5) != 0 || strncmp(cfg->node_path, "/usr/", 5) != 0) {
-        *why = sbx_xstrdup("the interpreters must live under /usr (the only tree the sandbox sees)");
+    if (!sbx_real_interps_ok(cfg, false, true, why))
         return NULL;
-    }
     sbx_backend *bk = sbx_xcalloc(1, sizeof *bk);
-    bk->loop = loop;
-    bk->cfg = cfg;
     snprintf(bk->platform, sizeof bk->platform, "--platform=%s", cfg->runsc_platform);
-    if (sbx_state_init(&bk->st, cfg, "gvisor", reap_containers, (void *)cfg, why) != 0) {
+    if (sbx_real_base_init(&bk->base, loop, cfg, "gvisor", reap_containers, (void *)cfg,
+                           "no host memory backstop", why) != 0) {
         free(bk);
         return NULL;
     }
-    char *cgwhy = NULL;
-    bk->cgroups = sbx_cgroup_init(&cgwhy);
-    if (!bk->cgroups) {
-        sbx_log("gvisor provider: no cgroups (%s); no host memory backstop", cgwhy);
-        free(cgwhy);
-    }
-    bk->runsc_root = sbx_printf("%s/runsc", bk->st.dir);
-    bk->rootfs = sbx_printf("%s/rootfs", bk->st.dir);
-    bk->bundles = sbx_printf("%s/bundles", bk->st.dir);
+    const char *dir = bk->base.st.dir;
+    bk->runsc_root = sbx_printf("%s/runsc", dir);
+    bk->rootfs = sbx_printf("%s/rootfs", dir);
+    bk->bundles = sbx_printf("%s/bundles", dir);
     if (mkdir(bk->runsc_root, 0700) != 0 || mkdir(bk->bundles, 0700) != 0 ||
         make_rootfs(bk->rootfs) != 0) {
-        *why = sbx_printf("cannot prepare %s: %s", bk->st.dir, strerror(errno));
-        sbx_state_fini(&bk->st);
+        *why = sbx_printf("cannot prepare %s: %s", dir, strerror(errno));
+        sbx_state_fini(&bk->base.st);
         free(bk->runsc_root);
         free(bk->rootfs);
         free(bk->bundles);
@@ -176,9 +165,7 @@ static sbx_backend *gvisor_create(struct ev_loop *loop, const sbx_config *cfg, c
 
 static void gvisor_destroy(sbx_backend *bk)
 {
-    sbx_state_fini(&bk->st);
-    if (bk->cgroups)
-        sbx_cgroup_fini();
+    sbx_real_base_fini(&bk->base);
     free(bk->runsc_root);
     free(bk->rootfs);
     free(bk->bundles);
@@ -190,15 +177,15 @@ static void gvisor_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->mode = "gvisor";
     bc->work = "/work";
     bc->io = "/.berth/io";
-    snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->st.dir, bc->id);
+    snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->base.st.dir, bc->id);
     bc->host_io = bk->io;
-    bc->uid = bk->st.uid;
-    bc->gid = bk->st.gid;
-    bc->run_as_uid = bk->st.uid; /* the supervisor is root inside, the cells are not */
-    bc->run_as_gid = bk->st.gid;
+    bc->uid = bk->base.st.uid;
+    bc->gid = bk->base.st.gid;
+    bc->run_as_uid = bk->base.st.uid; /* the supervisor is root inside, the cells are not */
+    bc->run_as_gid = bk->base.st.gid;
     bc->supervisor_path = "/.berth/supervisor";
-    bc->nproc = bk->cfg->pids;       /* enforced by gVisor's kernel, per sandbox */
-    bc->as_mb = bk->cfg->memory_mb;  /* the Python kernel's address space */
+    bc->nproc = bk->base.cfg->pids;       /* enforced by gVisor's kernel, per sandbox */
+    bc->as_mb = bk->base.cfg->memory_mb;  /* the Python kernel's address space */
 }
 
 static json_t *mount_json(const char *dest, const char *type, const char *source,
@@ -219,7 +206,7 @@ static json_t *rlimit_json(const char *type, uint64_t v)
 /* The OCI config.json of one sandbox. */
 static json_t *bundle_config(sbx_backend *bk, sbx_box *b)
 {
-    const sbx_config *cfg = bk->cfg;
+    const sbx_config *cfg = bk->base.cfg;
     json_t *args = json_array();
     for (const char *const *a = sbx_box_supervisor_argv(b); *a; a++)
         json_array_append_new(args, json_string(*a));
@@ -250,8 +237,9 @@ static json_t *bundle_config(sbx_backend *bk, sbx_box *b)
     json_array_append_new(mounts, mount_json("/proc", "proc", "proc", none));
     json_array_append_new(mounts, mount_json("/dev", "tmpfs", "tmpfs", none));
     json_array_append_new(mounts, mount_json("/usr", "bind", "/usr", ro));
-    json_array_append_new(mounts, mount_json("/etc", "bind", bk->st.etc, ro));
-    json_array_append_new(mounts, mount_json("/.berth/supervisor", "bind", bk->st.supervisor, ro_file));
+    json_array_append_new(mounts, mount_json("/etc", "bind", bk->base.st.etc, ro));
+    json_array_append_new(mounts, mount_json("/.berth/supervisor", "bind", bk->base.st.supervisor,
+                                             ro_file));
     /* Each FIFO on its own (a FIFO opened for writing needs a writable mount in gVisor;
      * a bound file gives nothing else to write to). */
     const char *fifo_opts[] = {"bind", "nosuid", "nodev", "noexec", NULL};
@@ -270,7 +258,7 @@ static json_t *bundle_config(sbx_backend *bk, sbx_box *b)
     json_t *namespaces = json_pack("[{s:s}, {s:s}, {s:s}, {s:s}, {s:s}]", "type", "pid", "type",
                                    "network", "type", "ipc", "type", "uts", "type", "mount");
     json_t *linux_ = json_pack("{s:o}", "namespaces", namespaces);
-    if (bk->cgroups) {
+    if (bk->base.cgroups) {
         uint64_t backstop = ((uint64_t)cfg->memory_mb * 2 + BACKSTOP_EXTRA_MB) << 20;
         json_t *res = json_pack("{s:{s:I, s:I}}", "memory", "limit", (json_int_t)backstop,
                                 "swap", (json_int_t)backstop);
@@ -311,7 +299,7 @@ static pid_t gvisor_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err
         *why = sbx_printf("cannot write the bundle of %s", g->id);
         return -1;
     }
-    const char *argv[] = {bk->cfg->runsc_path, "--root", bk->runsc_root, bk->platform,
+    const char *argv[] = {bk->base.cfg->runsc_path, "--root", bk->runsc_root, bk->platform,
                           "--network=none", "--host-fifo=open", "run", "--bundle", g->bundle,
                           g->id, NULL};
     static const char *const env[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -338,9 +326,18 @@ static void gvisor_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(s
 {
     gbox *g = sbx_box_backend_data(b);
     g->frozen_cb = cb;
-    const char *argv[] = {bk->cfg->runsc_path, "--root", bk->runsc_root,
+    const char *argv[] = {bk->base.cfg->runsc_path, "--root", bk->runsc_root,
                           frozen ? "pause" : "resume", g->id, NULL};
-    sbx_cmd_run(bk->loop, argv, RUNSC_CMD_S, on_paused, g);
+    sbx_cmd_run(bk->base.loop, argv, RUNSC_CMD_S, on_paused, g);
+}
+
+/* `runsc delete --force` of the sandbox, waited for (bounded). */
+static void runsc_delete_sync(sbx_backend *bk, const gbox *g)
+{
+    char err[512];
+    const char *argv[] = {bk->base.cfg->runsc_path, "--root", bk->runsc_root, "delete", "--force",
+                          g->id, NULL};
+    sbx_cmd_run_sync(argv, RUNSC_CMD_S, err, sizeof err);
 }
 
 static void gvisor_force_kill(sbx_backend *bk, sbx_box *b)
@@ -348,10 +345,7 @@ static void gvisor_force_kill(sbx_backend *bk, sbx_box *b)
     gbox *g = sbx_box_backend_data(b);
     if (!g || !g->id)
         return;
-    char err[512];
-    const char *del[] = {bk->cfg->runsc_path, "--root", bk->runsc_root, "delete", "--force",
-                         g->id, NULL};
-    sbx_cmd_run_sync(del, RUNSC_CMD_S, err, sizeof err);
+    runsc_delete_sync(bk, g);
     if (g->pid > 0)
         kill(g->pid, SIGKILL);
 }
@@ -363,7 +357,7 @@ static void gbox_free(gbox *g)
         free(g->bundle);
     }
     /* What runsc may have left of the sandbox's cgroups. */
-    if (g->bk->cgroups) {
+    if (g->bk->base.cgroups) {
         static const char *const ctl[] = {"memory", "pids", "cpu", "cpuacct", "cpuset",
                                           "freezer", "devices", "blkio", "net_cls", "perf_event",
                                           "hugetlb", "rdma", "misc", "net_prio", "systemd"};
@@ -405,12 +399,12 @@ static void gvisor_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
     }
     g->cleaned = cb;
     if (!g->id) {
-        sbx_defer(bk->loop, deleted_now, g);
+        sbx_defer(bk->base.loop, deleted_now, g);
         return;
     }
-    const char *argv[] = {bk->cfg->runsc_path, "--root", bk->runsc_root, "delete", "--force",
+    const char *argv[] = {bk->base.cfg->runsc_path, "--root", bk->runsc_root, "delete", "--force",
                           g->id, NULL};
-    sbx_cmd_run(bk->loop, argv, RUNSC_CMD_S, on_deleted, g);
+    sbx_cmd_run(bk->base.loop, argv, RUNSC_CMD_S, on_deleted, g);
 }
 
 static void gvisor_cleanup_sync(sbx_backend *bk, sbx_box *b)
@@ -418,12 +412,8 @@ static void gvisor_cleanup_sync(sbx_backend *bk, sbx_box *b)
     gbox *g = sbx_box_backend_data(b);
     if (!g)
         return;
-    if (g->id) {
-        char err[512];
-        const char *argv[] = {bk->cfg->runsc_path, "--root", bk->runsc_root, "delete", "--force",
-                              g->id, NULL};
-        sbx_cmd_run_sync(argv, RUNSC_CMD_S, err, sizeof err);
-    }
+    if (g->id)
+        runsc_delete_sync(bk, g);
     sbx_box_set_backend_data(b, NULL);
     gbox_free(g);
 }

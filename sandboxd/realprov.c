@@ -21,6 +21,7 @@
  */
 #include "realprov.h"
 
+#include "cgroup.h"
 #include "log.h"
 #include "util.h"
 
@@ -1422,6 +1423,46 @@ void sbx_real_smoke_test(sbx_provider *p, sbx_smoke_cb cb, void *ud)
     k->bound.data = k;
     ev_timer_start(p->loop, &k->bound);
     k->box = new_box(p, &smoke_events, k);
+}
+
+/* ---------------------------------------------------------------- what backends share */
+
+int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_config *cfg,
+                       const char *name, void (*reap)(const char *stale_dir, void *ud),
+                       void *reap_ud, const char *without_cgroups, char **why)
+{
+    base->loop = loop;
+    base->cfg = cfg;
+    if (sbx_state_init(&base->st, cfg, name, reap, reap_ud, why) != 0)
+        return -1;
+    char *cgwhy = NULL;
+    base->cgroups = sbx_cgroup_init(&cgwhy);
+    if (!base->cgroups) {
+        sbx_log("%s provider: no cgroups (%s); %s", name, cgwhy, without_cgroups);
+        free(cgwhy);
+    }
+    return 0;
+}
+
+void sbx_real_base_fini(sbx_real_base *base)
+{
+    sbx_state_fini(&base->st);
+    if (base->cgroups)
+        sbx_cgroup_fini();
+}
+
+bool sbx_real_interps_ok(const sbx_config *cfg, bool present, bool under_usr, char **why)
+{
+    if (present && !sbx_executable(cfg->python_path) && !sbx_executable(cfg->node_path)) {
+        *why = sbx_printf("neither %s nor %s is there", cfg->python_path, cfg->node_path);
+        return false;
+    }
+    if (under_usr &&
+        (strncmp(cfg->python_path, "/usr/", 5) != 0 || strncmp(cfg->node_path, "/usr/", 5) != 0)) {
+        *why = sbx_xstrdup("the interpreters must live under /usr (the only tree the sandbox sees)");
+        return false;
+    }
+    return true;
 }
 
 /* ---------------------------------------------------------------- the provider */

@@ -10,8 +10,29 @@
 #include "box.h"
 #include "config.h"
 #include "provider.h"
+#include "sbxstate.h"
 
 struct ev_loop;
+
+/* What every backend begins with (the first member of its struct sbx_backend): the
+ * loop, the options, its state directory and whether cgroups can be used. */
+typedef struct sbx_real_base {
+    struct ev_loop *loop;
+    const sbx_config *cfg;
+    sbx_state st;
+    bool cgroups;
+} sbx_real_base;
+
+/* The state directory of provider `name` (sbx_state_init, with `reap`) and the cgroup
+ * hierarchy; without cgroups, logs why and `without_cgroups` (what that costs).
+ * Returns 0, or -1 with *why. */
+int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_config *cfg,
+                       const char *name, void (*reap)(const char *stale_dir, void *ud),
+                       void *reap_ud, const char *without_cgroups, char **why);
+void sbx_real_base_fini(sbx_real_base *base);
+/* The interpreters as a backend needs them: `present`, at least one exists; `under_usr`,
+ * both live under /usr (the only tree its sandboxes see).  False with *why if not. */
+bool sbx_real_interps_ok(const sbx_config *cfg, bool present, bool under_usr, char **why);
 
 typedef struct sbx_real_backend {
     const char *name;              /* provider name: "bwrap" */
