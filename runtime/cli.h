@@ -17,6 +17,19 @@ int berth_cli_main(int argc, char **argv);
 /* `berth serve` (serve.c). */
 int berth_cmd_serve(int argc, char **argv);
 
+/* The request bodies `berth serve` accepts, decoded and checked (serve.c; apart from
+ * MHD, so tests/fuzz/fuzz_serve.c runs the code the server runs).  Each returns NULL
+ * with its result, or why the body is refused (malloc'd; a 400 invalid_argument). */
+typedef struct berth_serve_create {
+  json_t *body;                 /* owns what follows; json_decref when done */
+  const char *user;             /* "userId": 1..128 bytes, no NUL; NULL when absent */
+  const json_t *metadata;       /* an object, or NULL when absent */
+} berth_serve_create;
+char *berth_serve_create_body(const char *body, size_t len, berth_serve_create *out);
+/* {"content": "<text without NUL>"} and nothing else: *content points into *out. */
+char *berth_serve_message_body(const char *body, size_t len, json_t **out,
+                               const char **content);
+
 /* The directory of the shipped scripts (code_chat.lua): $BERTH_SCRIPTS, else next to
  * the executable (../scripts, ../share/berth/scripts).  malloc'd, or NULL. */
 char *berth_find_scripts_dir(void);

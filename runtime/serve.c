@@ -699,60 +699,150 @@ static bool json_type_ok(struct MHD_Connection *conn)
                                                           ct[16] == ' ');
 }
 
-/* The body as a JSON object (an empty body is {} when `empty_ok`). */
-static json_t *parse_object(request *q, bool empty_ok, struct MHD_Response **err)
+/* Length of the well-formed UTF-8 sequence at s[0..n) (RFC 3629), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
 {
-  if (q->len == 0 && empty_ok)
+  unsigned char c = s[0], lo = 0x80, hi = 0xBF;
+  size_t len;
+  if (c < 0x80)
+    return 1;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2;
+  else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    lo = c == 0xE0 ? 0xA0 : lo;
+    hi = c == 0xED ? 0x9F : hi;  /* no surrogates */
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    lo = c == 0xF0 ? 0x90 : lo;
+    hi = c == 0xF4 ? 0x8F : hi;
+  } else
+    return 0;
+  if (n < len || s[1] < lo || s[1] > hi)
+    return 0;
+  for (size_t i = 2; i < len; i++)
+    if (s[i] < 0x80 || s[i] > 0xBF)
+      return 0;
+  return len;
+}
+
+/* A reason for a refusal, made fit for the error body: jansson's parse errors quote
+ * the bytes they stopped at and "%.64s" may cut a character, but the body is JSON,
+ * which takes only UTF-8 (else the caller would get "{}"): ill-formed bytes become
+ * '?'. */
+static char *msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *msg(const char *fmt, ...)
+{
+  char *s = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(&s, fmt, ap) < 0)
+    s = NULL;
+  va_end(ap);
+  if (!s)
+    return strdup("?");
+  unsigned char *p = (unsigned char *)s;
+  for (size_t n = strlen(s), i = 0; i < n;) {
+    size_t len = utf8_seq(p + i, n - i);
+    if (len == 0) {
+      p[i] = '?';
+      len = 1;
+    }
+    i += len;
+  }
+  return s;
+}
+
+/* The body as a JSON object (an empty body is {} when `empty_ok`); NULL with *why. */
+static json_t *parse_object(const char *body, size_t len, bool empty_ok, char **why)
+{
+  if (len == 0 && empty_ok)
     return json_object();
   json_error_t je;
-  json_t *v = q->len ? json_loadb(q->body, q->len, JSON_REJECT_DUPLICATES, &je) : NULL;
+  json_t *v = len ? json_loadb(body, len, JSON_REJECT_DUPLICATES, &je) : NULL;
   if (!v) {
-    *err = q->len ? error_response("invalid_argument", "the body is not valid JSON (%s at "
-                                                       "byte %d)", je.text, je.position)
-                  : error_response("invalid_argument", "the body is empty; a JSON object "
-                                                       "is needed");
+    *why = len ? msg("the body is not valid JSON (%s at byte %d)", je.text, je.position)
+               : msg("the body is empty; a JSON object is needed");
     return NULL;
   }
   if (!json_is_object(v)) {
     json_decref(v);
-    *err = error_response("invalid_argument", "the body must be a JSON object");
+    *why = msg("the body must be a JSON object");
     return NULL;
   }
   return v;
 }
 
-static enum MHD_Result do_create(request *q)
+/* The bodies are decoded apart from MHD and the host, so that tests/fuzz/fuzz_serve.c
+ * reaches the very code that reads them (declared in cli.h). */
+char *berth_serve_create_body(const char *body, size_t len, berth_serve_create *out)
 {
-  server *s = q->s;
-  struct MHD_Response *err = NULL;
-  json_t *body = parse_object(q, true, &err);
-  if (!body)
-    return queue(q, MHD_HTTP_BAD_REQUEST, err);
+  memset(out, 0, sizeof *out);
+  char *why = NULL;
+  json_t *v = parse_object(body, len, true, &why);
+  if (!v)
+    return why;
   const char *k;
-  json_t *v;
-  json_object_foreach(body, k, v)
+  json_t *f;
+  json_object_foreach(v, k, f)
     if (strcmp(k, "userId") && strcmp(k, "metadata")) {
-      struct MHD_Response *r = error_response("invalid_argument", "unknown field \"%.64s\" "
-                                              "(known: userId, metadata)", k);
-      json_decref(body);
-      return queue(q, MHD_HTTP_BAD_REQUEST, r);
+      why = msg("unknown field \"%.64s\" (known: userId, metadata)", k);
+      json_decref(v);
+      return why;
     }
-  const json_t *user = json_object_get(body, "userId");
-  const json_t *meta = json_object_get(body, "metadata");
-  const char *bad = NULL;
+  const json_t *user = json_object_get(v, "userId");
+  const json_t *meta = json_object_get(v, "metadata");
   if (user && (!json_is_string(user) || json_string_length(user) == 0 ||
                json_string_length(user) > 128 ||
                strlen(json_string_value(user)) != json_string_length(user)))
-    bad = "userId must be a string of 1 to 128 bytes";
+    why = msg("userId must be a string of 1 to 128 bytes");
   else if (meta && !json_is_object(meta))
-    bad = "metadata must be a JSON object";
-  if (bad) {
-    json_decref(body);
-    return queue(q, MHD_HTTP_BAD_REQUEST, error_response("invalid_argument", "%s", bad));
+    why = msg("metadata must be a JSON object");
+  if (why) {
+    json_decref(v);
+    return why;
   }
+  out->body = v;
+  out->user = user ? json_string_value(user) : NULL;
+  out->metadata = meta;
+  return NULL;
+}
+
+char *berth_serve_message_body(const char *body, size_t len, json_t **out,
+                               const char **content)
+{
+  *out = NULL;
+  *content = NULL;
+  char *why = NULL;
+  json_t *v = parse_object(body, len, false, &why);
+  if (!v)
+    return why;
+  const json_t *c = json_object_get(v, "content");
+  if (!json_is_string(c) || json_object_size(v) != 1 ||
+      strlen(json_string_value(c)) != json_string_length(c)) {
+    json_decref(v);
+    return msg("the body must be {\"content\": \"<the message>\"} (a string without NUL "
+               "bytes)");
+  }
+  *out = v;
+  *content = json_string_value(c);
+  return NULL;
+}
+
+static enum MHD_Result do_create(request *q)
+{
+  server *s = q->s;
+  berth_serve_create body;
+  char *why = berth_serve_create_body(q->body, q->len, &body);
+  if (why) {
+    struct MHD_Response *r = error_response("invalid_argument", "%s", why);
+    free(why);
+    return queue(q, MHD_HTTP_BAD_REQUEST, r);
+  }
+  const char *user = body.user;
   caller *cl = &s->callers[q->caller];
   if (s->max_per_caller && cl->convs >= s->max_per_caller) {
-    json_decref(body);
+    json_decref(body.body);
     return queue(q, MHD_HTTP_TOO_MANY_REQUESTS,
                  error_response("capacity", "this caller holds its limit of %zu "
                                             "conversations; delete one first",
@@ -762,21 +852,21 @@ static enum MHD_Result do_create(request *q)
    * that two callers' users never share an owner (nor its sandbox caps). */
   char owner[160];
   if (user)
-    snprintf(owner, sizeof owner, "%s:%s", cl->label, json_string_value(user));
+    snprintf(owner, sizeof owner, "%s:%s", cl->label, user);
   sconv *sc = calloc(1, sizeof *sc);
   sc->s = s;
   sc->caller = q->caller;
   unsigned char raw[ID_LEN / 2];
   if (RAND_bytes(raw, sizeof raw) != 1) {
     free(sc);
-    json_decref(body);
+    json_decref(body.body);
     return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
                  error_response("internal", "no random bytes for an id"));
   }
   hex(raw, sizeof raw, sc->id);
-  berth_conv_options co = {NULL, user ? owner : NULL, meta, sc};
+  berth_conv_options co = {NULL, user ? owner : NULL, body.metadata, sc};
   berth_error *e = berth_conv_open(s->h, &co, &sc->conv);
-  json_decref(body);
+  json_decref(body.body);
   if (e) {
     unsigned status;
     const char *code = status_of(e, &status);
@@ -795,18 +885,13 @@ static enum MHD_Result do_create(request *q)
 static enum MHD_Result do_message(request *q, sconv *sc)
 {
   server *s = q->s;
-  struct MHD_Response *err = NULL;
-  json_t *body = parse_object(q, false, &err);
-  if (!body)
-    return queue(q, MHD_HTTP_BAD_REQUEST, err);
-  const json_t *content = json_object_get(body, "content");
-  if (!json_is_string(content) || json_object_size(body) != 1 ||
-      strlen(json_string_value(content)) != json_string_length(content)) {
-    json_decref(body);
-    return queue(q, MHD_HTTP_BAD_REQUEST,
-                 error_response("invalid_argument", "the body must be {\"content\": "
-                                                    "\"<the message>\"} (a string without "
-                                                    "NUL bytes)"));
+  json_t *body;
+  const char *content;
+  char *why = berth_serve_message_body(q->body, q->len, &body, &content);
+  if (why) {
+    struct MHD_Response *r = error_response("invalid_argument", "%s", why);
+    free(why);
+    return queue(q, MHD_HTTP_BAD_REQUEST, r);
   }
   stream *st = calloc(1, sizeof *st);
   st->s = s;
@@ -819,7 +904,7 @@ static enum MHD_Result do_message(request *q, sconv *sc)
     sc->head = st;
   sc->tail = st;
   /* May start the turn at once (its start event marks the stream). */
-  berth_error *e = berth_conv_message(sc->conv, json_string_value(content));
+  berth_error *e = berth_conv_message(sc->conv, content);
   json_decref(body);
   if (e) {
     /* refused before anything started: take the stream back out (it is the tail) */

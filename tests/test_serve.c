@@ -416,6 +416,33 @@ static void test_400_malformed_input_changes_nothing(void **state)
   stop(s, 0);
 }
 
+/* A refusal's reason quotes what the caller sent (jansson's parse error, the name of an
+ * unknown field cut to 64 bytes); ill-formed UTF-8 there once made the error body
+ * unencodable, and the caller got a bare "{}" (found by tests/fuzz/fuzz_serve.c). */
+static void test_400_reason_is_json_even_for_ill_formed_bytes(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  char cut[128];                /* 63 bytes, then a 2-byte character cut at byte 64 */
+  snprintf(cut, sizeof cut, "{\"%.63s\xc3\xa9\": 1}",
+           "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+  const char *const bodies[] = {"{\"us\\\xde\x87serId\": 1}", "{\"userId\": \xff}", cut,
+                                NULL};
+  for (int i = 0; bodies[i]; i++) {
+    json_t *j = NULL;
+    long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[0], bodies[i],
+                               &j);
+    if (status != 400)
+      fail_msg("create with body %d: %ld", i, status);
+    if (!error_code(j))
+      fail_msg("body %d: the answer has no error object", i);
+    assert_string_equal(error_code(j), "invalid_argument");
+    assert_non_null(json_string_value(json_object_get(json_object_get(j, "error"), "message")));
+    json_decref(j);
+  }
+  stop(s, 0);
+}
+
 static void test_413_oversized_body(void **state)
 {
   (void)state;
@@ -817,6 +844,7 @@ int main(void)
     cmocka_unit_test(test_other_callers_conversation_is_404),
     cmocka_unit_test(test_401_without_a_token),
     cmocka_unit_test(test_400_malformed_input_changes_nothing),
+    cmocka_unit_test(test_400_reason_is_json_even_for_ill_formed_bytes),
     cmocka_unit_test(test_413_oversized_body),
     cmocka_unit_test(test_delete_waits_and_clients_may_leave),
     cmocka_unit_test(test_capacity_at_max_conversations),
