@@ -135,13 +135,25 @@ check-valgrind: deps
 	@BUILD=$(BUILD) WRAP="valgrind -q --error-exitcode=99 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite" sh tests/run.sh $(TEST_BIN)
 
-# libFuzzer harnesses, one per parser; each starts from tests/fuzz/corpus/<name>.
+# libFuzzer harnesses, one per parser; each starts from tests/fuzz/corpus/<name>
+# (tests/fuzz/README.md lists them).  Every harness links lib/; one that reaches
+# further names its extra sources, flags and libraries as FUZZ_<VAR>_<harness>.
 FUZZ_SECONDS ?= 30
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+FUZZ_SRCS_fuzz_frames := sandboxd/frames.c
+FUZZ_SRCS_fuzz_scripted := $(RT_SRC)
+FUZZ_SRCS_fuzz_serve := $(RT_SRC)
+FUZZ_CFLAGS_fuzz_scripted = $(LUA_CFLAGS) -Iruntime
+FUZZ_CFLAGS_fuzz_serve = $(LUA_CFLAGS) -Iruntime
+FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS)
+FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS)
+build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/*.h)
+build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(wildcard runtime/*.h)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib -o $@ $< $(LIB_SRC) $(PKGLIBS) -lev -lm
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib $(FUZZ_CFLAGS_$*) \
+	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lev -lm
 
 fuzz: deps $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/found-$$n; \

@@ -4,6 +4,7 @@
  */
 #include "box.h"
 
+#include "frames.h"
 #include "log.h"
 #include "proc.h"
 #include "util.h"
@@ -431,8 +432,10 @@ static void lane_broke(sbx_box *b, int lang, const char *why)
 static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len)
 {
     lane *ln = &b->lane[lang];
-    if (len == 1 + SUP_TOKEN_LEN && body[0] == 'R') {
-        if (ln->state != SBX_I_STARTING || memcmp(body + 1, ln->token, SUP_TOKEN_LEN) != 0)
+    sup_reply rep;
+    sup_reply_parse(body, len, &rep);
+    if (rep.kind == SUP_REPLY_READY) {
+        if (ln->state != SBX_I_STARTING || memcmp(rep.token, ln->token, SUP_TOKEN_LEN) != 0)
             return; /* a ready of an incarnation that is gone */
         ln->state = SBX_I_IDLE;
         if (b->ev.interp)
@@ -440,9 +443,8 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
         return;
     }
     op *o = &ln->op;
-    if (len == 3 + SUP_NONCE_LEN && body[0] == 'D' && (body[1] == '0' || body[1] == '1') &&
-        ln->state == SBX_I_RUNNING && o->active && o->sent && !ln->broke &&
-        memcmp(body + 2, o->nonce, SUP_NONCE_LEN) == 0) {
+    if (rep.kind == SUP_REPLY_DONE && ln->state == SBX_I_RUNNING && o->active && o->sent &&
+        !ln->broke && memcmp(rep.nonce, o->nonce, SUP_NONCE_LEN) == 0) {
         /* Everything the cell wrote before its end, and the end marks, are in the
          * FIFOs now (a kernel whose cell closed its stdout wrote no mark there: then
          * whatever is queued is taken). */
@@ -451,8 +453,8 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
         ln->state = SBX_I_IDLE;
         sbx_cell_result r;
         memset(&r, 0, sizeof r);
-        r.end = body[1] == '0' ? SBX_CELL_RAN : SBX_CELL_RAISED;
-        r.spawned = body[2 + SUP_NONCE_LEN] != '0';
+        r.end = rep.raised ? SBX_CELL_RAISED : SBX_CELL_RAN;
+        r.spawned = rep.spawned;
         op_complete(o, &r);
         return;
     }
@@ -469,20 +471,21 @@ static void read_replies(sbx_box *b, int lang)
         if (n <= 0)
             return;
         ln->rep_len += (size_t)n;
-        while (ln->rep_len >= 4) {
-            uint32_t size = sup_get32(ln->rep);
-            if (size == 0 || size > SUP_KERNEL_MAX_REPLY) {
-                lane_broke(b, lang, "broke the frame protocol (a reply of a bad size)");
-                drain_fd(ln->fd[F_REP]);
-                return;
-            }
-            if (ln->rep_len < 4 + size)
-                break;
+        sup_frame f;
+        sup_split got;
+        while ((got = sup_frame_split(ln->rep, ln->rep_len, 1, SUP_KERNEL_MAX_REPLY, &f)) ==
+               SUP_SPLIT_FRAME) {
             unsigned char body[SUP_KERNEL_MAX_REPLY];
-            memcpy(body, ln->rep + 4, size);
-            memmove(ln->rep, ln->rep + 4 + size, ln->rep_len - 4 - size);
-            ln->rep_len -= 4 + size;
+            size_t size = f.body_len;
+            memcpy(body, f.body, size);
+            memmove(ln->rep, ln->rep + f.used, ln->rep_len - f.used);
+            ln->rep_len -= f.used;
             on_reply(b, lang, body, size);
+        }
+        if (got == SUP_SPLIT_BAD) {
+            lane_broke(b, lang, "broke the frame protocol (a reply of a bad size)");
+            drain_fd(ln->fd[F_REP]);
+            return;
         }
     }
 }
@@ -720,16 +723,17 @@ static void on_from(struct ev_loop *loop, ev_io *w, int revents)
     b->rq_len += (size_t)n;
     size_t at = 0;
     /* Frames one by one; a handler may end the link. */
-    while (b->from_fd >= 0 && b->rq_len - at >= 4) {
-        uint32_t size = sup_get32(b->rq + at);
-        if (size < 2 || size > SUP_MAX_UP_FRAME) {
+    while (b->from_fd >= 0) {
+        sup_frame f;
+        sup_split got = sup_frame_split(b->rq + at, b->rq_len - at, 2, SUP_MAX_UP_FRAME, &f);
+        if (got == SUP_SPLIT_BAD) {
             violation(b, "a frame of a bad size");
             return;
         }
-        if (b->rq_len - at < 4 + (size_t)size)
+        if (got == SUP_SPLIT_MORE)
             break;
-        at += 4 + size;
-        on_frame(b, b->rq[at - size], b->rq[at - size + 1], b->rq + at - size + 2, size - 2);
+        at += f.used;
+        on_frame(b, f.body[0], f.body[1], f.body + 2, f.body_len - 2);
     }
     if (b->from_fd < 0) {
         b->rq_len = 0;

@@ -20,6 +20,7 @@
  * daemon always reads), a snippet's stdin is fed without blocking.  The daemon's EOF
  * ends the sandbox: everything is killed and the supervisor exits.
  */
+#include "frames.h"
 #include "kernels.h"
 #include "seccomp.h"
 #include "sup_proto.h"
@@ -606,23 +607,20 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
 
 static void write_files(int lang, const unsigned char *pl, size_t len)
 {
-    sup_reader r = {pl, len, 1};
-    uint32_t n_files = sup_read32(&r);
-    if (!r.ok || n_files > 100000) {
+    sup_files fs;
+    sup_file f;
+    int got;
+    if (!sup_files_begin(&fs, pl, len)) {
         errno = 0;
         die("a malformed files frame%s", NULL);
     }
-    for (uint32_t i = 0; i < n_files; i++) {
-        uint32_t plen = sup_read32(&r);
-        const unsigned char *path = sup_read_bytes(&r, plen);
-        uint32_t clen = sup_read32(&r);
-        const unsigned char *content = sup_read_bytes(&r, clen);
-        if (!r.ok) {
+    for (uint32_t i = 0; (got = sup_files_next(&fs, &f)) != 0; i++) {
+        if (got < 0) {
             errno = 0;
             die("a malformed files frame%s", NULL);
         }
         as_cells(true);
-        int e = write_file(path, plen, content, clen);
+        int e = write_file(f.path, f.path_len, f.content, f.content_len);
         as_cells(false);
         if (e) {
             const char *code = errno_code(e);
@@ -958,16 +956,17 @@ static void on_daemon_input(void)
         shutdown_all(); /* the daemon closed the sandbox (or is gone) */
     down_len += (size_t)n;
     size_t at = 0;
-    while (down_len - at >= 4) {
-        uint32_t size = sup_get32(down + at);
-        if (size < 2 || size > SUP_MAX_DOWN_FRAME) {
+    for (;;) {
+        sup_frame f;
+        sup_split got = sup_frame_split(down + at, down_len - at, 2, SUP_MAX_DOWN_FRAME, &f);
+        if (got == SUP_SPLIT_BAD) {
             errno = 0;
             die("a frame of a bad size from the daemon%s", NULL);
         }
-        if (down_len - at < 4 + (size_t)size)
+        if (got == SUP_SPLIT_MORE)
             break;
-        on_frame(down[at + 4], down[at + 5], down + at + 6, size - 2);
-        at += 4 + size;
+        on_frame(f.body[0], f.body[1], f.body + 2, f.body_len - 2);
+        at += f.used;
     }
     memmove(down, down + at, down_len - at);
     down_len -= at;

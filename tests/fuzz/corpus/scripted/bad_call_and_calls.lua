@@ -1,0 +1,1 @@
+return { turns = { { user = "x", replies = { { call = { code = "1" }, calls = {} } } } } }

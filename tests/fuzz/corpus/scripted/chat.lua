@@ -1,0 +1,3 @@
+return { turns = {
+  { user = 'hello', replies = { { say = 'hi there' } } },
+} }
