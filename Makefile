@@ -21,7 +21,7 @@ MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
-        lua-busted
+        lua-busted gnuplot-nox
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -102,7 +102,7 @@ $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) -lcmocka
 
-$(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(if $(RT_SRC),$(BUILD)/libberth.a)
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(if $(RT_SRC),$(BUILD)/libberth.a)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
 
@@ -116,9 +116,12 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) sh scripts/demo.sh
 
+# Every benchmark, its figures printed as it runs; bench/report.py runs them (the scale
+# curves several times), merges what each writes to $$BENCH_JSON into bench/results.json
+# and draws bench/plots/*.png with gnuplot (bench/plots.gp).
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
-	@for b in $(BENCH_BIN); do BUILD=$(BUILD) $$b || exit 1; done
+	@python3 bench/report.py --build $(BUILD)
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer (clang; the
 # runtime comes from libclang-rt-14-dev).  Daemons the tests start are built the same way.

@@ -6,8 +6,10 @@
  *   - the floor: the same trivial cell sent straight to the same kernel
  *     (sandboxd/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
  *     with no daemon, no HTTP and no sandbox; and the ratios to it.
- * Run from the repository root (`make bench`).  BENCH_PROVIDERS=bwrap limits the run;
- * BENCH_WARM=N sets the warm samples per language (default 300).
+ * The echo provider comes last: it runs no code, so its figures are the protocol's own
+ * cost (client, HTTP, records).  Run from the repository root (`make bench`).  BENCH_PROVIDERS=bwrap limits the run;
+ * BENCH_WARM=N sets the warm samples per language (default 300).  BENCH_JSON=PATH also
+ * writes every distribution there, samples and all (bench/benchjson.h).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -22,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchjson.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
 
@@ -157,9 +160,11 @@ static int read_frame(int fd, unsigned char *body, size_t cap, size_t *len)
     return 0;
 }
 
-/* p50 of a trivial cell sent straight to a bare kernel over FIFOs; 0 when unavailable. */
-static double floor_ms(const char *lang, int samples)
+/* p50 of a trivial cell sent straight to a bare kernel over FIFOs; 0 when unavailable.
+ * *dist gets the samples' distribution (NULL when unavailable). */
+static double floor_ms(const char *lang, int samples, json_t **dist)
 {
+    *dist = NULL;
     bool py = strcmp(lang, "python") == 0;
     char *kernel = slurp(py ? "sandboxd/kernels/kernel.py" : "sandboxd/kernels/kernel.js");
     if (!kernel)
@@ -215,8 +220,10 @@ static double floor_ms(const char *lang, int samples)
             if (i >= samples / 5) /* the first fifth warms the interpreter up */
                 v[i - samples / 5] = now_ms() - t0;
         }
-        if (good)
+        if (good) {
             result = pct(v, (size_t)samples, 0.5);
+            *dist = bj_dist(v, (size_t)samples, "ms", true);
+        }
         free(v);
     }
     kill(pid, SIGKILL);
@@ -239,29 +246,48 @@ static int start(sbx_proc *d, const char *provider, const char *pool)
     return sbx_start(d, args);
 }
 
-static void report(const char *what, double *v, size_t n, double floor)
+/* Prints the figures and sets lang[key] to the distribution. */
+static void report(json_t *lang, const char *key, const char *what, double *v, size_t n,
+                   double floor)
 {
     double p50 = pct(v, n, 0.5), p95 = pct(v, n, 0.95);
+    json_object_set_new(lang, key, bj_dist(v, n, "ms", true));
+    if (floor > 0)
+        bj_fig(lang, "warm_to_floor", p50 / floor, "x");
     printf("  %-36s p50 %8.3f  p95 %8.3f ms", what, p50, p95);
     if (floor > 0)
         printf("   floor %.3f ms, %.1fx", floor, p50 / floor);
     printf("   (n=%zu)\n", n);
 }
 
-static void bench_provider(const char *name, int warm)
+static void bench_provider(json_t *providers, const char *name, int warm)
 {
     sbx_proc d;
+    json_t *out = bj_obj(providers, name);
     if (start(&d, name, "0") != 0) {
         printf("provider %s: not available here (its smoke test failed; see above)\n", name);
+        json_object_set_new(out, "available", json_false());
         return;
     }
     plm_client *c = client(&d);
     plm_info *info = NULL;
     fatal(plm_describe_sync(c, &info), "describe");
-    printf("provider %s (tier %s)\n", name, info->isolation);
+    bool echo = strcmp(name, "echo") == 0;
+    json_object_set_new(out, "available", json_true());
+    json_object_set_new(out, "tier", json_string(info->isolation));
+    json_object_set_new(out, "runs_code", json_boolean(!echo));
+    printf("provider %s (tier %s)%s\n", name, info->isolation,
+           echo ? ": runs no code, the protocol's own cost (client, HTTP, records)" : "");
     plm_info_free(info);
     const char *langs[] = {"python", "javascript"};
-    double floor[2] = {floor_ms("python", warm), floor_ms("javascript", warm)};
+    json_t *lj[2] = {bj_obj(out, "python"), bj_obj(out, "javascript")};
+    double floor[2] = {0, 0};
+    for (int l = 0; l < 2 && !echo; l++) {
+        json_t *fd = NULL;
+        floor[l] = floor_ms(langs[l], warm, &fd);
+        if (fd)
+            json_object_set_new(lj[l], "floor", fd);
+    }
 
     /* Warm trivial cells in one session. */
     plm_session *s = NULL;
@@ -277,7 +303,7 @@ static void bench_provider(const char *name, int warm)
         }
         char what[64];
         snprintf(what, sizeof what, "warm %s cell", langs[l]);
-        report(what, v, (size_t)warm, floor[l]);
+        report(lj[l], "warm", what, v, (size_t)warm, floor[l]);
     }
     close_session(s);
 
@@ -297,7 +323,7 @@ static void bench_provider(const char *name, int warm)
     /* The same from the warm pool: wait (bounded, on the daemon's log) for the pool to
      * be full before each sample, so every open claims a warm sandbox. */
     double pooled[2][OPEN_SAMPLES], pooled_open[2][OPEN_SAMPLES];
-    int have_pool = start(&d, name, "2") == 0;
+    int have_pool = !echo && start(&d, name, "2") == 0;
     if (have_pool) {
         c = client(&d);
         size_t ready = 0;
@@ -324,12 +350,12 @@ static void bench_provider(const char *name, int warm)
     for (int l = 0; l < 2; l++) {
         char what[64];
         snprintf(what, sizeof what, "open + first %s cell, cold", langs[l]);
-        report(what, cold[l], OPEN_SAMPLES, 0);
+        report(lj[l], "cold_open_first", what, cold[l], OPEN_SAMPLES, 0);
         if (have_pool) {
             snprintf(what, sizeof what, "open + first %s cell, pooled", langs[l]);
-            report(what, pooled[l], OPEN_SAMPLES, 0);
+            report(lj[l], "pooled_open_first", what, pooled[l], OPEN_SAMPLES, 0);
             snprintf(what, sizeof what, "  of which the open (a claim)");
-            report(what, pooled_open[l], OPEN_SAMPLES, 0);
+            report(lj[l], "pooled_claim", what, pooled_open[l], OPEN_SAMPLES, 0);
         }
     }
     free(v);
@@ -343,9 +369,15 @@ int main(void)
     const char *w = getenv("BENCH_WARM");
     int warm = w && atoi(w) > 10 ? atoi(w) : 300;
     printf("bench/cells: trivial cells end to end through the verified client\n");
+    json_t *out = bj_new("cells");
+    bj_param(out, "warm_samples", json_integer(warm));
+    bj_param(out, "open_samples", json_integer(OPEN_SAMPLES));
+    bj_param(out, "pool", json_integer(POOL_SIZE));
+    bj_param(out, "cell", json_string("1"));
+    json_t *by = bj_obj(out, "providers");
     const char *providers[] = {"gvisor", "bwrap", "process", "echo"};
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++)
         if (!only || strstr(only, providers[i]))
-            bench_provider(providers[i], warm);
-    return 0;
+            bench_provider(by, providers[i], warm);
+    return bj_write(out) ? 1 : 0;
 }

@@ -10,6 +10,8 @@
  *   - client CPU µs per verified call end to end against sandboxd (echo provider),
  *     measured with getrusage over the whole call (JSON, HTTP, checks), when
  *     build/sandboxd is there.
+ * A third size (32 KiB) joins the two for the curve of cost against size that
+ * BENCH_JSON=PATH writes (bench/benchjson.h) with the figures.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "benchjson.h"
 #include "internal.h"
 #include "sbxproc.h"
 
@@ -74,7 +77,7 @@ static void make_exchange(size_t n, json_t **req_out, json_t **resp_out, plm_cha
     *resp_out = resp;
 }
 
-static void bench_verify(size_t n, int iters)
+static void bench_verify(json_t *rows, size_t n, int iters)
 {
     json_t *req, *resp;
     plm_chain chain;
@@ -116,12 +119,19 @@ static void bench_verify(size_t n, int iters)
     printf("  stdout %7zu B: verify %9.2f us   bare sha256 %9.2f us   ratio %.2fx"
            "   (of which base64 decoding the wire form: %.2f us)\n",
            n, best_v, best_h, best_v / best_h, best_d);
+    json_t *row = json_object();
+    bj_fig(row, "stdout", (double)n, "B");
+    bj_fig(row, "verify", best_v, "us");
+    bj_fig(row, "sha256", best_h, "us");
+    bj_fig(row, "ratio", best_v / best_h, "x");
+    bj_fig(row, "base64_decode", best_d, "us");
+    json_array_append_new(rows, row);
     free(raw.data);
     json_decref(req);
     json_decref(resp);
 }
 
-static void bench_end_to_end(size_t n, int iters)
+static void bench_end_to_end(json_t *rows, size_t n, int iters)
 {
     sbx_proc d;
     if (sbx_start(&d, NULL) < 0) {
@@ -163,6 +173,11 @@ static void bench_end_to_end(size_t n, int iters)
     double c1 = cpu_us(), w1 = now_us();
     printf("  stdout %7zu B: client CPU %9.1f us per verified call (wall %9.1f us)\n", n,
            (c1 - c0) / iters, (w1 - w0) / iters);
+    json_t *row = json_object();
+    bj_fig(row, "stdout", (double)n, "B");
+    bj_fig(row, "client_cpu", (c1 - c0) / iters, "us/call");
+    bj_fig(row, "wall", (w1 - w0) / iters, "us/call");
+    json_array_append_new(rows, row);
     plm_close_summary *sum = NULL;
     plm_error_free(plm_session_close_sync(s, &sum));
     plm_close_summary_free(sum);
@@ -175,11 +190,17 @@ static void bench_end_to_end(size_t n, int iters)
 int main(void)
 {
     plm_global_init();
+    json_t *out = bj_new("client"), *verify = json_array(), *e2e = json_array();
+    bj_param(out, "rounds", json_integer(5));
     printf("bench/client: verification cost of a session cell (best of 5 rounds)\n");
-    bench_verify(1024, 2000);
-    bench_verify(1 << 20, 40);
+    bench_verify(verify, 1024, 2000);
+    bench_verify(verify, 32 << 10, 400);
+    bench_verify(verify, 1 << 20, 40);
     printf("bench/client: end to end through sandboxd --provider echo\n");
-    bench_end_to_end(1024, 500);
-    bench_end_to_end(1 << 20, 20);
-    return 0;
+    bench_end_to_end(e2e, 1024, 500);
+    bench_end_to_end(e2e, 32 << 10, 100);
+    bench_end_to_end(e2e, 1 << 20, 20);
+    json_object_set_new(out, "verify", verify);
+    json_object_set_new(out, "end_to_end", e2e);
+    return bj_write(out) ? 1 : 0;
 }

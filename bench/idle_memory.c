@@ -17,6 +17,7 @@
  * Without a daemon, warm answers "Nothing ran" at once; with --sandboxd PATH every
  * conversation also warms a real sandbox in sandboxd (provider echo) during the "one
  * turn" state, which adds the sandbox layer's entry for it.  Bounded: --time-limit.
+ * BENCH_JSON=PATH also writes the figures there (bench/benchjson.h).
  */
 #include <getopt.h>
 #include <malloc.h>
@@ -28,6 +29,7 @@
 #include <ev.h>
 #include <lua.h>
 
+#include "benchjson.h"
 #include "berth.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
@@ -97,9 +99,14 @@ static snap take(bench *b)
                 (double)resident * (double)sysconf(_SC_PAGESIZE)};
 }
 
-static void show(const char *what, snap base, snap s, unsigned n, bool *met)
+static void show(json_t *out, const char *key, const char *what, snap base, snap s,
+                 unsigned n, bool *met)
 {
   double per = (s.alloc - base.alloc) / n;
+  json_t *state = bj_obj(out, key);
+  bj_fig(state, "allocator", per, "B/conversation");
+  bj_fig(state, "lua", (s.lua - base.lua) / n, "B/conversation");
+  bj_fig(state, "rss", (s.rss - base.rss) / n, "B/conversation");
   printf("  %-10s %6.0f B allocator (%5.0f B of it Lua), RSS +%6.0f B per conversation"
          "  %s\n", what, per, (s.lua - base.lua) / n, (s.rss - base.rss) / n,
          per <= TARGET ? "" : "(over the target)");
@@ -218,13 +225,24 @@ int main(int argc, char **argv)
   bool met = !b.timed_out && b.ended == n && b.suspended == n;
   printf("idle_memory: %u conversations in one host, %s\n", n,
          sandboxd ? "sandboxd (echo) warmed for each" : "no daemon");
-  show("opened", base, opened, n, &met);
-  show("one turn", base, turned, n, &met);
-  show("suspended", base, suspended, n, &met);
+  json_t *out = bj_new("idle_memory");
+  bj_param(out, "conversations", json_integer(n));
+  bj_param(out, "daemon", json_boolean(sandboxd != NULL));
+  show(out, "opened", "opened", base, opened, n, &met);
+  show(out, "one_turn", "one turn", base, turned, n, &met);
+  show(out, "suspended", "suspended", base, suspended, n, &met);
   printf("  sandboxes held after the turns: %llu; turns %llu, suspends %llu%s\n", sandboxes,
          b.ended, b.suspended, b.timed_out ? " (time limit reached)" : "");
   printf("  target <= %.0f B per idle conversation (allocator bytes): %s\n", TARGET,
          met ? "met" : "NOT met");
+  bj_fig(out, "sandboxes_held", (double)sandboxes, "sandboxes");
+  bj_fig(out, "turns", (double)b.ended, "turns");
+  bj_fig(out, "suspends", (double)b.suspended, "suspends");
+  bj_fig(out, "target", TARGET, "B/conversation");
+  json_object_set_new(out, "met", json_boolean(met));
+  json_object_set_new(out, "timed_out", json_boolean(b.timed_out));
+  if (bj_write(out))
+    met = false;
 
   ev_ref(b.loop);
   ev_timer_stop(b.loop, &lim);

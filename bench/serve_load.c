@@ -22,6 +22,8 @@
  * Prints turns/s, cells, lost, misclassified, p50/p99/max turn latency (client side:
  * request sent to the stream's end).  Bounded: --time-limit (default 100 s) stops the
  * run and reports it as failed.  Scale down with --conversations / --cells.
+ * BENCH_JSON=PATH also writes the figures there, with the latency distribution as a
+ * histogram (bench/benchjson.h).
  */
 #include <getopt.h>
 #include <math.h>
@@ -33,6 +35,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "benchjson.h"
 #include "sbxproc.h"
 #include "servetest.h"
 
@@ -155,20 +158,6 @@ static bool step(void *ud)
   return r->done == (unsigned long long)r->n * r->cells;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double quantile(const double *v, size_t n, double q)
-{
-  if (!n)
-    return 0;
-  size_t i = (size_t)ceil(q * (double)n);
-  return v[i ? i - 1 : 0];
-}
-
 static double metric(const char *text, const char *name)
 {
   size_t n = strlen(name);
@@ -273,7 +262,9 @@ int main(int argc, char **argv)
   int exit_code = st_stop(&srv);
   double stopped = st_now() - t_stop;
 
-  qsort(r.lat, r.n_lat, sizeof *r.lat, cmp_double);
+  for (size_t i = 0; i < r.n_lat; i++)
+    r.lat[i] *= 1000;
+  qsort(r.lat, r.n_lat, sizeof *r.lat, bj_cmp_double);
   printf("serve_load: %u conversations x %u cells through berth serve (sandboxd echo), "
          "%u streams at once, --max-concurrent-turns %u\n", n, cells, concurrency, max_turns);
   printf("  opened            %u conversations in %.2f s\n", n, opened);
@@ -282,8 +273,8 @@ int main(int argc, char **argv)
   printf("  results lost      %llu (+%llu never finished)\n", r.lost, unfinished);
   printf("  misclassified     %llu\n", r.misclassified);
   printf("  turn latency      p50 %.1f ms, p99 %.1f ms, max %.1f ms (client: request to "
-         "stream end)\n", quantile(r.lat, r.n_lat, 0.5) * 1000,
-         quantile(r.lat, r.n_lat, 0.99) * 1000, r.n_lat ? r.lat[r.n_lat - 1] * 1000 : 0);
+         "stream end)\n", bj_pct(r.lat, r.n_lat, 0.5), bj_pct(r.lat, r.n_lat, 0.99),
+         r.n_lat ? r.lat[r.n_lat - 1] : 0);
   printf("  server counters   %.0f cells ok, %.0f cells failed, %.0f turns ok, %.0f "
          "sandboxes held\n", m_cells, m_cell_err, m_turns, m_sandboxes);
   printf("  SIGTERM           exit %d after %.2f s (every sandbox disposed)\n", exit_code,
@@ -295,6 +286,27 @@ int main(int argc, char **argv)
   printf("  result            %s\n", ok ? "ok: 0 results lost, 0 misclassified"
                                         : r.timed_out ? "FAILED (time limit)" : "FAILED");
   status = ok ? 0 : 1;
+  json_t *j = bj_new("serve_load");
+  bj_param(j, "conversations", json_integer(n));
+  bj_param(j, "cells", json_integer(cells));
+  bj_param(j, "concurrency", json_integer(concurrency));
+  bj_param(j, "max_concurrent_turns", json_integer(max_turns));
+  bj_param(j, "provider", json_string("echo"));
+  bj_fig(j, "open", opened, "s");
+  bj_fig(j, "wall", wall, "s");
+  bj_fig(j, "turns", (double)r.done, "turns");
+  bj_fig(j, "rate", (double)r.done / wall, "turns/s");
+  bj_fig(j, "lost", (double)r.lost, "turns");
+  bj_fig(j, "never_finished", (double)unfinished, "turns");
+  bj_fig(j, "misclassified", (double)r.misclassified, "turns");
+  bj_fig(j, "server_cells_ok", m_cells, "cells");
+  bj_fig(j, "server_cells_failed", m_cell_err, "cells");
+  bj_fig(j, "sigterm_exit", exit_code, "status");
+  bj_fig(j, "sigterm", stopped, "s");
+  json_object_set_new(j, "ok", json_boolean(ok));
+  json_object_set_new(j, "turn_latency", bj_dist(r.lat, r.n_lat, "ms", false));
+  if (bj_write(j))
+    status = 1;
 out:
   for (unsigned i = 0; i < n; i++)
     if (r.convs[i].active)

@@ -12,6 +12,8 @@
  * Prints turns/s over wall time and over CPU time, and the turns' latency (message to
  * end, which includes waiting behind the other conversations' turns).  Target:
  * >= 20 000 turns/s.  Bounded: --time-limit seconds at most (default 60).
+ * BENCH_JSON=PATH also writes the figures there, with the distribution of every turn's
+ * latency measured by the benchmark itself (bench/benchjson.h).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,6 +28,7 @@
 #include <ev.h>
 #include <lua.h>
 
+#include "benchjson.h"
 #include "berth.h"
 #include "plimsoll.h"
 
@@ -35,6 +38,9 @@ typedef struct bench {
   struct ev_loop *loop;
   berth_host *h;
   berth_conv **convs;
+  double *sent;                  /* per conversation: when its last message went */
+  double *lat;                   /* every turn's latency, seconds */
+  size_t n_lat;
   unsigned n, turns;
   unsigned long long ended, failed, deltas, messages;
   bool stop;
@@ -70,6 +76,11 @@ static void on_message(void *ud, berth_conv *c, const char *t, size_t n)
 static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
 {
   bench *b = ud;
+  size_t idx = (size_t)(uintptr_t)berth_conv_userdata(c);
+  double t = now();
+  if (b->n_lat < (size_t)b->n * b->turns)
+    b->lat[b->n_lat++] = t - b->sent[idx];
+  b->sent[idx] = t;
   b->ended++;
   if (!info->ok)
     b->failed++;
@@ -166,19 +177,25 @@ int main(int argc, char **argv)
     return 1;
   }
   b.convs = calloc(n, sizeof *b.convs);
-  for (unsigned i = 0; i < n; i++)
+  b.sent = calloc(n, sizeof *b.sent);
+  b.lat = calloc((size_t)n * turns, sizeof *b.lat);
+  for (unsigned i = 0; i < n; i++) {
     if ((e = berth_conv_open(b.h, NULL, &b.convs[i]))) {
       fprintf(stderr, "turns_per_second: %s\n", e->message);
       return 1;
     }
+    berth_conv_set_userdata(b.convs[i], (void *)(uintptr_t)i);
+  }
   ev_timer limit_timer;
   ev_timer_init(&limit_timer, on_limit, limit, 0.);
   limit_timer.data = &b;
   ev_timer_start(b.loop, &limit_timer);
 
   double w0 = now(), c0 = cpu();
-  for (unsigned i = 0; i < n; i++)
+  for (unsigned i = 0; i < n; i++) {
+    b.sent[i] = now();
     berth_conv_message(b.convs[i], "hello");
+  }
   ev_run(b.loop, 0);
   double wall = now() - w0, cpu_s = cpu() - c0;
   ev_timer_stop(b.loop, &limit_timer);
@@ -200,9 +217,30 @@ int main(int argc, char **argv)
   bool ok = !b.stop && !b.failed && b.ended == (unsigned long long)n * turns;
   printf("  target            >= %.0f turns/s: %s\n", TARGET,
          !ok ? "FAILED (turns failed or time limit)" : rate >= TARGET ? "met" : "NOT met");
+  json_t *out = bj_new("turns_per_second");
+  bj_param(out, "conversations", json_integer(n));
+  bj_param(out, "turns", json_integer(turns));
+  bj_param(out, "pinned", json_boolean(pinned));
+  bj_fig(out, "turns", (double)b.ended, "turns");
+  bj_fig(out, "failed", (double)b.failed, "turns");
+  bj_fig(out, "wall", wall, "s");
+  bj_fig(out, "cpu", cpu_s, "s");
+  bj_fig(out, "rate_wall", rate, "turns/s");
+  bj_fig(out, "rate_cpu", (double)b.ended / cpu_s, "turns/s");
+  bj_fig(out, "cpu_per_turn", cpu_s / (double)b.ended * 1e6, "us");
+  bj_fig(out, "lua_state", (double)st.lua_bytes, "B");
+  bj_fig(out, "target", TARGET, "turns/s");
+  json_object_set_new(out, "met", json_boolean(ok && rate >= TARGET));
+  for (size_t i = 0; i < b.n_lat; i++)
+    b.lat[i] *= 1000;
+  json_object_set_new(out, "turn_latency", bj_dist(b.lat, b.n_lat, "ms", false));
+  if (bj_write(out))
+    ok = false;
   for (unsigned i = 0; i < n; i++)
     berth_conv_free(b.convs[i]);
   free(b.convs);
+  free(b.sent);
+  free(b.lat);
   berth_host_free(b.h);
   berth_model_free(model);
   ev_loop_destroy(b.loop);

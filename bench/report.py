@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""bench/report.py — runs every benchmark, writes bench/results.json, draws bench/plots.
+
+`make bench` calls it after building.  Each benchmark prints its figures for a person
+as it runs (they pass straight through) and, with BENCH_JSON=PATH, writes them as one
+JSON fragment (bench/benchjson.h); the scale benchmarks run once per point of their
+curve.  This script then merges the fragments into bench/results.json:
+
+  {"schema": 1, "date", "duration_s", "machine": {cpu, cores, memory_bytes, kernel,
+   os, kvm, compiler}, "commit": {sha, modified},
+   "benchmarks": {"client": FRAGMENT, "cells": FRAGMENT,
+                  "turns_per_second" | "idle_memory" | "serve_load":
+                      {"runs": [FRAGMENT, ...], "curve": TABLE}},
+   "failed": [{"bench", "args", "exit"}], "plots": [paths]}
+
+where a TABLE is {"x": {name, unit}, "columns": [{name, unit}], "rows": [[x, ...]]}, and
+draws the PNGs with gnuplot (bench/plots.gp) from data files it writes under
+BUILD/bench/plotdata.  Exits non-zero when a benchmark failed (after writing all).
+
+  python3 bench/report.py [--build DIR] [--merge-only | --quick]
+
+--merge-only skips the runs and rebuilds the report from the fragments already in
+BUILD/bench/json; --quick runs two points a curve and fewer cells (a smoke run, not a
+report: it writes BUILD/bench/quick/).  BENCH_WARM and BENCH_PROVIDERS (cells) pass through to the benchmarks.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The points of the scale curves: conversations per run.  Sized for `make bench` to
+# take a few minutes on the project's 2-core machine.
+TPS_POINTS = [100, 300, 1000, 3000, 10000, 30000]
+IDLE_POINTS = [1000, 3000, 10000, 30000, 100000]
+SERVE_POINTS = [10, 30, 100, 300, 1000, 2000]
+QUICK = False
+
+
+def plan():
+    if QUICK:
+        TPS_POINTS[:] = IDLE_POINTS[:] = [100, 1000]
+        SERVE_POINTS[:] = [10, 100]
+    runs = [("client", "client", []), ("cells", "cells", [])]
+    runs += [("turns_per_second", "turns_per_second-%d" % n, ["--conversations", str(n)])
+             for n in TPS_POINTS]
+    runs += [("idle_memory", "idle_memory-%d" % n, ["--conversations", str(n)])
+             for n in IDLE_POINTS]
+    runs += [("serve_load", "serve_load-%d" % n, ["--conversations", str(n)])
+             for n in SERVE_POINTS]
+    return runs
+
+
+def run_all(build, frags):
+    os.makedirs(frags, exist_ok=True)
+    for f in os.listdir(frags):  # no fragment of an earlier run is merged
+        os.unlink(os.path.join(frags, f))
+    failed = []
+    env = dict(os.environ, BUILD=build)
+    if QUICK:
+        env.setdefault("BENCH_WARM", "50")
+    for bench, tag, args in plan():
+        path = os.path.join(frags, tag + ".json")
+        sys.stdout.flush()
+        rc = subprocess.call([os.path.join(build, "bench", bench)] + args, cwd=ROOT,
+                             env=dict(env, BENCH_JSON=path))
+        if rc != 0:
+            print("bench/report: %s %s exited %d" % (bench, " ".join(args), rc))
+            failed.append({"bench": bench, "args": args, "exit": rc})
+    return failed
+
+
+def first_line(cmd):
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def machine():
+    cpu = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = None
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    osname = None
+    if os.path.exists("/etc/os-release"):
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    osname = line.split("=", 1)[1].strip().strip('"')
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
+            "kernel": platform.release(), "os": osname, "arch": platform.machine(),
+            "kvm": os.path.exists("/dev/kvm"), "compiler": first_line(["cc", "--version"])}
+
+
+def commit():
+    sha = first_line(["git", "rev-parse", "HEAD"])
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                            cwd=ROOT, capture_output=True, text=True)
+    return {"sha": sha, "modified": bool(status.stdout.strip())} if sha else None
+
+
+def load(frags, tag):
+    try:
+        with open(os.path.join(frags, tag + ".json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def val(fig):
+    return fig["value"] if isinstance(fig, dict) else None
+
+
+def curve(runs, columns):
+    """columns: [(name, unit, fn(fragment) -> value)]; x is params.conversations."""
+    rows = [[r["params"]["conversations"]] + [fn(r) for _, _, fn in columns]
+            for r in sorted(runs, key=lambda r: r["params"]["conversations"])]
+    return {"x": {"name": "conversations", "unit": "conversations"},
+            "columns": [{"name": n, "unit": u} for n, u, _ in columns], "rows": rows}
+
+
+def pct(p):
+    return lambda r: r["turn_latency"]["percentiles"][p]
+
+
+def merge(frags):
+    out = {}
+    for name in ("client", "cells"):
+        frag = load(frags, name)
+        if frag:
+            out[name] = frag
+    scale = {
+        "turns_per_second": (TPS_POINTS, [
+            ("rate_wall", "turns/s", lambda r: val(r["rate_wall"])),
+            ("rate_cpu", "turns/s", lambda r: val(r["rate_cpu"])),
+            ("cpu_per_turn", "us", lambda r: val(r["cpu_per_turn"])),
+            ("latency_p50", "ms", pct("p50")), ("latency_p99", "ms", pct("p99")),
+            ("lua_state_per_conversation", "B",
+             lambda r: val(r["lua_state"]) / r["params"]["conversations"])]),
+        "idle_memory": (IDLE_POINTS, [
+            ("%s_%s" % (state, what), "B/conversation",
+             (lambda s, w: lambda r: val(r[s][w]))(state, what))
+            for state in ("opened", "one_turn", "suspended")
+            for what in ("allocator", "lua", "rss")]),
+        "serve_load": (SERVE_POINTS, [
+            ("rate", "turns/s", lambda r: val(r["rate"])),
+            ("latency_p50", "ms", pct("p50")), ("latency_p90", "ms", pct("p90")),
+            ("latency_p99", "ms", pct("p99")),
+            ("latency_max", "ms", lambda r: r["turn_latency"]["max"]),
+            ("lost", "turns", lambda r: val(r["lost"]) + val(r["never_finished"])),
+            ("misclassified", "turns", lambda r: val(r["misclassified"]))]),
+    }
+    for name, (points, columns) in scale.items():
+        runs = [f for f in (load(frags, "%s-%d" % (name, n)) for n in points) if f]
+        if runs:
+            out[name] = {"runs": runs, "curve": curve(runs, columns)}
+    return out
+
+
+# ------------------------------------------------------------------ plots
+
+def write(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(" ".join(str(x) for x in row) + "\n")
+
+
+def cdf_rows(dist):
+    """(x, fraction <= x) rows from a distribution's samples or histogram."""
+    n = dist["n"]
+    if not n:
+        return []
+    if "samples" in dist:
+        return [(x, (i + 1) / n) for i, x in enumerate(dist["samples"])]
+    rows, seen = [(dist["min"], 0)], 0
+    h = dist["histogram"]
+    for le, c in zip(h["le"], h["count"]):
+        seen += c
+        rows.append((min(le, dist["max"]), seen / n))
+    return rows
+
+
+def plot(results, build, dest):
+    data = os.path.join(build, "bench", "plotdata")
+    plots = os.path.join(dest, "plots")
+    os.makedirs(data, exist_ok=True)
+    os.makedirs(plots, exist_ok=True)
+    b = results["benchmarks"]
+    m = results["machine"]
+    var = {"data": data, "plots": plots,
+           "machine": "%s, %s cores, Linux %s, %s" % (m["cpu"], m["cores"], m["kernel"],
+                                                     results["date"][:10])}
+    made = []
+    if "cells" in b:
+        provs = [p for p, v in b["cells"]["providers"].items() if v.get("available")]
+        bars = []
+        for p in provs:
+            for lang in ("python", "javascript"):
+                d = b["cells"]["providers"][p].get(lang, {})
+                if "warm" in d:
+                    write(os.path.join(data, "cells_%s_%s.dat" % (p, lang)), cdf_rows(d["warm"]))
+                cold = d.get("cold_open_first", {}).get("percentiles", {}).get("p50", "NaN")
+                pooled = d.get("pooled_open_first", {}).get("percentiles", {}).get("p50", "NaN")
+                bars.append(('"%s %s"' % (p, lang), cold, pooled))
+        write(os.path.join(data, "cells_open.dat"), bars)
+        var["cells"] = " ".join(provs)
+        made += ["cells_warm_cdf.png", "cells_open.png"]
+    for name in ("serve_load", "turns_per_second"):
+        if name in b:
+            runs = sorted(b[name]["runs"], key=lambda r: r["params"]["conversations"])
+            for r in runs:
+                write(os.path.join(data, "%s_cdf_%d.dat" % (name, r["params"]["conversations"])),
+                      cdf_rows(r["turn_latency"]))
+            var[name] = " ".join(str(r["params"]["conversations"]) for r in runs)
+            made += ["%s_latency_cdf.png" % name, "%s_scale.png" % name]
+    for name in ("serve_load", "turns_per_second", "idle_memory"):
+        if name in b:
+            write(os.path.join(data, "%s_scale.dat" % name), b[name]["curve"]["rows"])
+    if "idle_memory" in b:
+        var["idle_memory"] = "yes"
+        made.append("idle_memory_scale.png")
+    if "client" in b:
+        write(os.path.join(data, "client_verify.dat"),
+              [(val(r["stdout"]), val(r["verify"]), val(r["sha256"]), val(r["base64_decode"]))
+               for r in b["client"]["verify"]])
+        write(os.path.join(data, "client_e2e.dat"),
+              [(val(r["stdout"]), val(r["client_cpu"]), val(r["wall"]))
+               for r in b["client"].get("end_to_end", [])])
+        made.append("client_verify.png")
+    for f in made:
+        if os.path.exists(os.path.join(plots, f)):
+            os.unlink(os.path.join(plots, f))
+    args = "; ".join("%s='%s'" % (k, v.replace("'", "")) for k, v in var.items())
+    rc = subprocess.call(["gnuplot", "-e", args, os.path.join(ROOT, "bench", "plots.gp")])
+    if rc != 0:
+        print("bench/report: gnuplot exited %d" % rc)
+    return [os.path.relpath(os.path.join(plots, f), ROOT) for f in made
+            if os.path.exists(os.path.join(plots, f))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
+    ap.add_argument("--merge-only", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    global QUICK
+    QUICK = a.quick
+    build = os.path.join(ROOT, a.build)
+    frags = os.path.join(build, "bench", "json")
+    dest = os.path.join(build, "bench", "quick") if QUICK else os.path.join(ROOT, "bench")
+    t0 = time.monotonic()
+    start = datetime.datetime.now(datetime.timezone.utc)
+    failed = [] if a.merge_only else run_all(build, frags)
+    results = {"schema": 1, "date": start.isoformat(timespec="seconds"),
+               "duration_s": None if a.merge_only else round(time.monotonic() - t0, 1),
+               "machine": machine(), "commit": commit(), "benchmarks": merge(frags),
+               "failed": failed}
+    if a.merge_only:
+        old = os.path.join(dest, "results.json")
+        if os.path.exists(old):  # the runs' own date and duration stand
+            with open(old) as f:
+                prev = json.load(f)
+            results["date"], results["duration_s"] = prev["date"], prev["duration_s"]
+            results["failed"] = prev.get("failed", [])
+    results["plots"] = plot(results, build, dest)
+    # Indented, with each list of numbers (samples, bins, rows) on one line.
+    text = re.sub(r"\[\s+([-0-9.eE+,\snul]+?)\s+\]",
+                  lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]",
+                  json.dumps(results, indent=1))
+    with open(os.path.join(dest, "results.json"), "w") as f:
+        f.write(text + "\n")
+    print("bench/report: %s/results.json, %d plots in %s/plots (%s s)"
+          % (os.path.relpath(dest, ROOT), len(results["plots"]), os.path.relpath(dest, ROOT),
+             results["duration_s"]))
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
