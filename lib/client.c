@@ -23,6 +23,8 @@ void plm_global_init(void)
 
 void plm_client_options_init(plm_client_options *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
     o->request_timeout_ms = PLM_DEFAULT_REQUEST_TIMEOUT_MS;
 }
@@ -87,6 +89,9 @@ static plm_error *check_base_url(const char *url, bool insecure, char **out)
 
 plm_error *plm_client_new(struct ev_loop *loop, const plm_client_options *o, plm_client **out)
 {
+    if (!out)
+        return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
+                           "plimsoll: plm_client_new needs somewhere to put the client");
     *out = NULL;
     if (!o)
         return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE, "plimsoll: options are required");

@@ -147,6 +147,10 @@ void plm_sha256_hex(const void *data, size_t len, plm_hex hex)
 {
     unsigned char md[32];
     unsigned int n = 0;
+    if (!hex)
+        return;
+    if (!data)
+        len = 0;
     EVP_Digest(data, len, md, &n, EVP_sha256(), NULL);
     to_hex(md, 32, hex);
 }
@@ -290,9 +294,16 @@ static const json_t *payload_of(const json_t *msg, const char *kind)
 
 /* ---------------------------------------------------------------- request digest */
 
+static plm_error *null_arg(const char *what)
+{
+    return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE, "plimsoll: %s is required", what);
+}
+
 plm_error *plm_request_digest(const json_t *req, plm_hex hex)
 {
     enc e;
+    if (!req || !hex)
+        return null_arg(req ? "the digest's output" : "the request");
     if (!json_is_object(req))
         return plm_err_malformed("the request is not a JSON object");
     int64_t protocol = 0;
@@ -388,6 +399,8 @@ static void stream_fields(enc *e, const json_t *r, const char *prefix)
 plm_error *plm_result_digest(const json_t *resp, plm_hex hex)
 {
     enc e;
+    if (!resp || !hex)
+        return null_arg(resp ? "the digest's output" : "the response");
     if (!json_is_object(resp))
         return plm_err_malformed("the response is not a JSON object");
     if (!enc_begin(&e, "plimsoll.run-result.v1"))
@@ -488,7 +501,9 @@ plm_error *plm_record_digest(const plm_record *r, plm_hex hex)
 {
     enc e;
     char domain[48];
-    if (!r || r->version < 1 || r->version > 3)
+    if (!r || !hex)
+        return null_arg(r ? "the digest's output" : "the record");
+    if (r->version < 1 || r->version > 3)
         return plm_err_new(PLM_DATA_LOSS, PLM_REFUSAL_NONE,
                            "plimsoll: the record's version %u is not 1, 2 or 3",
                            r ? r->version : 0);
@@ -592,6 +607,8 @@ void plm_owner_digest(const char *token, const char *owner, plm_hex hex)
     static const char msg_prefix[] = "plimsoll session owner v2\n";
     unsigned char key[32], mac[32];
     unsigned int n = 0;
+    if (!hex)
+        return;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
     EVP_DigestUpdate(ctx, key_prefix, sizeof key_prefix - 1);

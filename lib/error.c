@@ -33,7 +33,7 @@ const char *plm_code_name(plm_code code)
 
 bool plm_code_parse(const char *name, plm_code *out)
 {
-    if (!name)
+    if (!name || !out)
         return false;
     for (size_t i = 1; i < PLM_ARRAY_LEN(code_names); i++) {
         if (strcmp(name, code_names[i]) == 0) {

@@ -34,6 +34,8 @@ void plm_record_free(plm_record *r)
 
 plm_record *plm_record_copy(const plm_record *src)
 {
+    if (!src)
+        return NULL;
     plm_record *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
@@ -46,7 +48,13 @@ plm_record *plm_record_copy(const plm_record *src)
 
 plm_record *plm_record_from_json(const json_t *obj, plm_error **err)
 {
+    if (!err)
+        return NULL;
     *err = NULL;
+    if (!obj) {
+        *err = plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE, "plimsoll: the record is required");
+        return NULL;
+    }
     if (!json_is_object(obj)) {
         *err = plm_err_malformed("the record is not an object");
         return NULL;
@@ -117,6 +125,8 @@ static void set_i64(json_t *o, const char *name, int64_t v)
 
 json_t *plm_record_to_json(const plm_record *r)
 {
+    if (!r)
+        return NULL;
     json_t *o = json_object();
     if (!o)
         return NULL;

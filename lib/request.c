@@ -140,6 +140,11 @@ plm_error *plm_rule_merge(const json_t *srule, const json_t *crule, json_t **out
 
 plm_error *plm_files_to_json(const plm_file *f, size_t n, const char *path, json_t **out)
 {
+    if (!f && n > 0) {
+        *out = NULL;
+        return refuse("plimsoll: the %s.files list is NULL but counts %lld entries", path,
+                      (long long)n);
+    }
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
         json_t *o = json_object();
@@ -163,9 +168,13 @@ plm_error *plm_files_to_json(const plm_file *f, size_t n, const char *path, json
 
 static plm_error *strings_to_json(const char *const *v, size_t n, const char *path, json_t **out)
 {
+    if (!v && n > 0) {
+        *out = NULL;
+        return refuse("plimsoll: the %s list is NULL but counts %lld entries", path, (long long)n);
+    }
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
-        json_t *s = json_string(v && v[i] ? v[i] : "");
+        json_t *s = json_string(v[i] ? v[i] : "");
         if (!s) {
             json_decref(arr);
             *out = NULL;

@@ -64,27 +64,28 @@ static void session_destroy(plm_session *s);
 
 /* ---------------------------------------------------------------- accessors */
 
-const char *plm_session_fingerprint(const plm_session *s) { return s->fingerprint; }
-const char *plm_session_isolation(const plm_session *s) { return s->isolation; }
-const char *plm_session_sandbox(const plm_session *s) { return s->sandbox; }
-const char *plm_session_software_identity(const plm_session *s) { return s->software_identity; }
-int64_t plm_session_expires_at_ms(const plm_session *s) { return s->expires_at_ms; }
-uint32_t plm_session_idle_timeout_ms(const plm_session *s) { return s->idle_timeout_ms; }
-const char *plm_session_stopped(const plm_session *s) { return s->stopped; }
+/* A NULL handle reads as nothing (and, for `ended`, never as open). */
+const char *plm_session_fingerprint(const plm_session *s) { return s ? s->fingerprint : NULL; }
+const char *plm_session_isolation(const plm_session *s) { return s ? s->isolation : NULL; }
+const char *plm_session_sandbox(const plm_session *s) { return s ? s->sandbox : NULL; }
+const char *plm_session_software_identity(const plm_session *s) { return s ? s->software_identity : NULL; }
+int64_t plm_session_expires_at_ms(const plm_session *s) { return s ? s->expires_at_ms : 0; }
+uint32_t plm_session_idle_timeout_ms(const plm_session *s) { return s ? s->idle_timeout_ms : 0; }
+const char *plm_session_stopped(const plm_session *s) { return s ? s->stopped : NULL; }
 
 plm_session_end plm_session_ended(const plm_session *s, const char **detail)
 {
     if (detail)
-        *detail = s->end_detail ? s->end_detail : "";
-    return s->end;
+        *detail = s && s->end_detail ? s->end_detail : "";
+    return s ? s->end : PLM_END_UNKNOWN;
 }
 
 void plm_session_chain(const plm_session *s, uint64_t *calls, const char **last)
 {
     if (calls)
-        *calls = s->calls;
+        *calls = s ? s->calls : 0;
     if (last)
-        *last = s->last;
+        *last = s ? s->last : NULL;
 }
 
 static void note_end(plm_session *s, plm_session_end end, const char *detail)
@@ -796,5 +797,5 @@ void plm_session_free(plm_session *s)
 
 struct ev_loop *plm_session_loop(plm_session *s)
 {
-    return s->c->loop;
+    return s ? s->c->loop : NULL;
 }

@@ -23,6 +23,13 @@ static plm_error *wait_for(struct ev_loop *loop, plm_error *started, waitbox *b,
     return b->err;
 }
 
+/* A wrapper needs its handle and somewhere to put the outcome; refused before anything
+ * starts, like every bad argument. */
+static plm_error *bad_args(const char *what)
+{
+    return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST, "plimsoll: %s", what);
+}
+
 static void info_cb(void *ud, plm_error *err, plm_info *v)
 {
     waitbox *b = ud;
@@ -58,6 +65,8 @@ static void close_cb(void *ud, plm_error *err, plm_close_summary *v)
 plm_error *plm_describe_sync(plm_client *c, plm_info **out)
 {
     waitbox b = {0};
+    if (!out)
+        return bad_args("Describe needs somewhere to put the answer");
     *out = NULL;
     return wait_for(plm_client_loop(c), plm_describe(c, NULL, info_cb, &b), &b, (void **)out);
 }
@@ -66,6 +75,8 @@ plm_error *plm_run_javascript_sync(plm_client *c, const char *code, const plm_ru
                                    plm_result **out)
 {
     waitbox b = {0};
+    if (!out)
+        return bad_args("runJavaScript needs somewhere to put the result");
     *out = NULL;
     return wait_for(plm_client_loop(c), plm_run_javascript(c, code, o, result_cb, &b), &b,
                     (void **)out);
@@ -74,6 +85,8 @@ plm_error *plm_run_javascript_sync(plm_client *c, const char *code, const plm_ru
 plm_error *plm_open_session_sync(plm_client *c, const plm_session_options *o, plm_session **out)
 {
     waitbox b = {0};
+    if (!out)
+        return bad_args("OpenSession needs somewhere to put the session");
     *out = NULL;
     return wait_for(plm_client_loop(c), plm_open_session(c, o, session_cb, &b), &b, (void **)out);
 }
@@ -82,7 +95,10 @@ plm_error *plm_session_run_cell_sync(plm_session *s, const plm_cell *cell,
                                      const plm_run_options *o, plm_result **out)
 {
     waitbox b = {0};
-    *out = NULL;
+    if (out)
+        *out = NULL;
+    if (!s || !out)
+        return bad_args("runCell needs a session and somewhere to put the result");
     return wait_for(plm_session_loop(s), plm_session_run_cell(s, cell, o, result_cb, &b), &b,
                     (void **)out);
 }
@@ -91,7 +107,10 @@ plm_error *plm_session_run_javascript_sync(plm_session *s, const char *code,
                                            const plm_run_options *o, plm_result **out)
 {
     waitbox b = {0};
-    *out = NULL;
+    if (out)
+        *out = NULL;
+    if (!s || !out)
+        return bad_args("runJavaScript needs a session and somewhere to put the result");
     return wait_for(plm_session_loop(s), plm_session_run_javascript(s, code, o, result_cb, &b),
                     &b, (void **)out);
 }
@@ -99,7 +118,10 @@ plm_error *plm_session_run_javascript_sync(plm_session *s, const char *code,
 plm_error *plm_session_close_sync(plm_session *s, plm_close_summary **out)
 {
     waitbox b = {0};
-    *out = NULL;
+    if (out)
+        *out = NULL;
+    if (!s || !out)
+        return bad_args("close needs a session and somewhere to put the summary");
     return wait_for(plm_session_loop(s), plm_session_close(s, NULL, close_cb, &b), &b,
                     (void **)out);
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #define X509_DEPTH_ZERO_SELF_SIGNED 18  /* X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT */
 
@@ -45,6 +46,7 @@ struct xfer {
     size_t len, cap;
     bool too_large;
     int id_count;               /* Plimsoll-Request-Id values seen in the final answer */
+    bool head_done;             /* the final answer's blank line ending its headers came */
     char id_seen[40];
     plm_refusal mark;
     char errbuf[CURL_ERROR_SIZE];
@@ -53,6 +55,7 @@ struct xfer {
     plm_listener cancel_l;
     bool canceled;
     int attempts;               /* request sends; a second one is curl's own retry */
+    long long started_us;       /* when the call started: the request deadline runs from here */
     CURLcode rc;                /* the transfer's result, between detach and dispatch */
     xfer *prev, *next;
     plm_exchange x;
@@ -92,6 +95,11 @@ static size_t header_cb(char *line, size_t size, size_t nmemb, void *ud)
         /* A new status line (after 1xx): only the final answer's headers count. */
         t->id_count = 0;
         t->mark = PLM_REFUSAL_NONE;
+        t->head_done = false;
+        return n;
+    }
+    if ((n == 2 && line[0] == '\r' && line[1] == '\n') || (n == 1 && line[0] == '\n')) {
+        t->head_done = true;
         return n;
     }
     size_t name_len, vlen;
@@ -141,6 +149,13 @@ static curl_socket_t open_socket_cb(void *ud, curlsocktype purpose, struct curl_
 
 /* ---------------------------------------------------------------- completion */
 
+static long long mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static void unlink_xfer(plm_http *h, xfer *t)
 {
     if (t->prev)
@@ -177,16 +192,19 @@ static plm_error *classify(xfer *t, CURLcode rc)
     if (t->canceled) {
         e = plm_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: cancelled during the exchange; the call may have run", m);
+    } else if (rc == CURLE_OPERATION_TIMEDOUT ||
+               mono_us() - t->started_us >= (long long)t->h->timeout_ms * 1000) {
+        /* A failure reported once the request deadline has passed is the deadline's, even
+         * one proven to come before sending (a refused connect): client.md §2.2 step 6. */
+        e = plm_err_new(PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE,
+                        "plimsoll: %s: no complete answer within %ld ms; the call may have run",
+                        m, t->h->timeout_ms);
     } else if (t->attempts > 1 || (t->attempts == 1 && rc == CURLE_COULDNT_CONNECT)) {
         /* Sent once, then curl tried again on a fresh connection: whatever that second
          * attempt met, the first may have run. */
         e = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_NONE,
                         "plimsoll: %s: the connection to %s closed before an answer; the call "
                         "may have run, and it is not sent again", m, t->h->base_url);
-    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
-        e = plm_err_new(PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE,
-                        "plimsoll: %s: no complete answer within %ld ms; the call may have run",
-                        m, t->h->timeout_ms);
     } else if (rc == CURLE_WRITE_ERROR && t->too_large) {
         e = plm_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: the answer is larger than %u bytes; the call may have run",
@@ -213,7 +231,13 @@ static plm_error *classify(xfer *t, CURLcode rc)
 static void complete(xfer *t, CURLcode rc)
 {
     plm_http *h = t->h;
-    if (t->canceled || rc != CURLE_OK) {
+    if (!t->canceled && rc == CURLE_OK && !t->head_done) {
+        /* libcurl takes an EOF inside the header block as its end: not an answer. */
+        t->x.transport_err = plm_err_new(PLM_UNAVAILABLE, PLM_REFUSAL_NONE,
+                                         "plimsoll: %s: the connection to %s closed inside the "
+                                         "answer's headers; the call may have run",
+                                         t->method, h->base_url);
+    } else if (t->canceled || rc != CURLE_OK) {
         t->x.transport_err = classify(t, rc);
     } else {
         curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->x.status);
@@ -349,6 +373,7 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
     t->cb = cb;
     t->ud = ud;
     t->mark = PLM_REFUSAL_NONE;
+    t->started_us = mono_us();
     new_request_id(t->x.request_id);
     char *url = plm_printf("%s/plimsoll.v1.SandboxService/%s", h->base_url, method);
     char *id_header = plm_printf("Plimsoll-Request-Id: %s", t->x.request_id);

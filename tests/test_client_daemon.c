@@ -16,14 +16,17 @@
 #include <ev.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fault.h"
 #include "internal.h"
 #include "sbxproc.h"
+#include "wiretap.h"
 
 static sbx_proc daemon_proc;
 static fault_proxy proxy;
+static wiretap tap; /* global, so a failed test's teardown stops its threads */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -132,6 +135,12 @@ static int group_teardown(void **state)
 static int reset_proxy(void **state)
 {
     return fault_reset(&proxy);
+}
+
+static int stop_tap(void **state)
+{
+    wiretap_stop(&tap);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- describe and runs */
@@ -1142,6 +1151,27 @@ static void test_W17_refusal_reported_after_cancel_is_canceled(void **state)
     plm_client_free(c);
 }
 
+static void test_W17_refusal_reported_after_the_deadline_is_deadline_exceeded(void **state)
+{
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", closed_port());
+    plm_client *c = client_at(url, NULL, 1);
+    box b = {0};
+    ok(plm_run_javascript(c, "1", NULL, box_cb, &b));
+    /* The refusal is reported only when the loop runs: let the 1 ms request deadline
+     * pass first (the condition under test, not a wait for another party). */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    while ((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec) < 3000000LL);
+    while (!b.done)
+        ev_run(plm_client_loop(c), EVRUN_ONCE);
+    assert_null(b.r);
+    expect(b.err, PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE, NULL);
+    plm_client_free(c);
+}
+
 static void test_W24_a_call_whose_answer_was_lost_is_not_sent_again(void **state)
 {
     plm_client *c = proxied();
@@ -1306,6 +1336,291 @@ static void test_S15_unlisted_end_name_reads_as_unknown_never_open(void **state)
     plm_client_free(c);
 }
 
+/* ---------------------------------------------------------------- guest failures, URLs, ids, reuse */
+
+static void test_E22_guest_failure_is_a_result_not_an_error(void **state)
+{
+    /* The echo provider runs nothing; the process provider runs real python3 and node. */
+    sbx_proc real;
+    const char *args[] = {"--provider", "process", "--pool", "1", NULL};
+    if (sbx_start(&real, args) != 0) {
+        print_message("skipped: sandboxd --provider process does not start here\n");
+        skip();
+    }
+    plm_client *c = client_at(real.url, real.token, 0);
+    plm_error *e = NULL;
+    plm_result *r = run_js(c, "throw new Error('boom')", NULL, &e);
+    ok(e);
+    assert_int_equal(r->kind, PLM_KIND_JAVASCRIPT);
+    assert_int_not_equal(r->exit_code, 0);
+    assert_false(r->timed_out);
+    contains(r->stderr_text, "boom");
+    assert_int_equal(strlen(r->record.record_sha256), 64); /* checked like any answer */
+    plm_result_free(r);
+    plm_session *s = open_session(c, NULL);
+    r = cell(s, "python", "raise ValueError('boom')", &e);
+    ok(e);
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "boom");
+    contains(r->stderr_text, "ValueError");
+    plm_result_free(r);
+    r = cell(s, "javascript", "throw new Error('boom')", &e);
+    ok(e);
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "boom");
+    plm_result_free(r);
+    r = cell(s, "python", "print(6 * 7)", &e); /* the session is still usable */
+    ok(e);
+    assert_int_equal(r->exit_code, 0);
+    contains(r->stdout_text, "42");
+    assert_int_equal(r->record.sequence, 3);
+    plm_result_free(r);
+    assert_null(plm_session_stopped(s));
+    close_expect(s, 3, PLM_END_CLOSED);
+    plm_session_free(s);
+    plm_client_free(c);
+    sbx_stop(&real);
+}
+
+static void test_W04_trailing_slashes_stripped_against_the_daemon(void **state)
+{
+    assert_int_equal(wiretap_relay(&tap, wiretap_port_of(daemon_proc.url)), 0);
+    char url[160];
+    snprintf(url, sizeof url, "%s///", tap.url);
+    plm_client *c = client_at(url, daemon_proc.token, 0);
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    assert_string_equal(info->sandbox, "echo");
+    plm_info_free(info);
+    plm_error *e = NULL;
+    plm_result *r = run_js(c, "1", NULL, &e);
+    ok(e);
+    assert_string_equal(r->stdout_text, "javascript 1: 1");
+    plm_result_free(r);
+    plm_client_free(c);
+    char *sent = wiretap_sent(&tap);
+    contains(sent, "POST /plimsoll.v1.SandboxService/Describe HTTP/1.1\r\n");
+    contains(sent, "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\n");
+    if (strstr(sent, "//plimsoll"))
+        fail_msg("a doubled slash was sent:\n%.300s", sent);
+    free(sent);
+    wiretap_stop(&tap);
+}
+
+static void lacks_id(const char *what, const char *hay, const char *id)
+{
+    if (hay && strstr(hay, id))
+        fail_msg("the session id appears in the %s: %.300s", what, hay);
+}
+
+static void record_lacks_id(const char *what, const plm_record *rec, const char *id)
+{
+    if (!rec)
+        return;
+    json_t *j = plm_record_to_json(rec);
+    char *d = json_dumps(j, 0);
+    lacks_id(what, d, id);
+    free(d);
+    json_decref(j);
+}
+
+static void result_lacks_id(const char *what, const plm_result *r, const char *id)
+{
+    if (!r)
+        return;
+    const char *strs[] = {r->sandbox, r->isolation, r->software_identity, r->environment,
+                          r->stdout_text, r->stderr_text, r->outcome_detail, r->end_detail};
+    for (size_t i = 0; i < PLM_ARRAY_LEN(strs); i++)
+        lacks_id(what, strs[i], id);
+    record_lacks_id(what, &r->record, id);
+}
+
+/* Asserts that nothing an error carries holds the session id, then frees it. */
+static void error_lacks_id(plm_error *e, const char *id)
+{
+    assert_non_null(e);
+    lacks_id("message", e->message, id);
+    lacks_id("cause", e->cause, id);
+    lacks_id("session-ended detail", e->session_ended_detail, id);
+    if (e->wire) {
+        char *d = json_dumps(e->wire, JSON_ENCODE_ANY);
+        lacks_id("wire evidence", d, id);
+        free(d);
+    }
+    result_lacks_id("result evidence", e->result, id);
+    record_lacks_id("unanswered record", e->unanswered, id);
+    record_lacks_id("checked record", e->record, id);
+    plm_error_free(e);
+}
+
+/* The id the client sent in its last SessionRun or CloseSession body, from the wire. */
+static void session_id_from_wire(wiretap *t, const plm_session *s, char *id, size_t cap)
+{
+    char *sent = wiretap_sent(t);
+    const char *key = "\"sessionId\":\"", *p = NULL;
+    for (const char *q = strstr(sent, key); q; q = strstr(q + 1, key))
+        p = q;
+    assert_non_null(p);
+    p += strlen(key);
+    size_t n = strcspn(p, "\"");
+    assert_true(n > 0 && n < cap);
+    memcpy(id, p, n);
+    id[n] = '\0';
+    free(sent);
+    plm_hex fp;
+    plm_sha256_hex(id, n, fp);
+    assert_string_equal(fp, plm_session_fingerprint(s)); /* it really is this session's id */
+}
+
+static void session_accessors_lack_id(const plm_session *s, const char *id)
+{
+    const char *detail = NULL, *last = NULL;
+    plm_session_ended(s, &detail);
+    plm_session_chain(s, NULL, &last);
+    const char *strs[] = {plm_session_fingerprint(s), plm_session_isolation(s),
+                          plm_session_sandbox(s), plm_session_software_identity(s),
+                          plm_session_stopped(s), detail, last};
+    for (size_t i = 0; i < PLM_ARRAY_LEN(strs); i++)
+        lacks_id("session accessor", strs[i], id);
+}
+
+/* A session with one answered cell, and its id as the client sent it. */
+static plm_session *tapped_session(plm_client *c, char *id, size_t cap)
+{
+    plm_error *e = NULL;
+    plm_session *s = open_session(c, NULL);
+    plm_result *r = cell(s, "python", "1", &e);
+    ok(e);
+    plm_result_free(r);
+    session_id_from_wire(&tap, s, id, cap);
+    return s;
+}
+
+/* Untampered again: close (whatever it says) and free. */
+static void close_untampered(plm_session *s)
+{
+    plm_close_summary *sum = NULL;
+    fault_reset(&proxy);
+    plm_error_free(plm_session_close_sync(s, &sum));
+    plm_close_summary_free(sum);
+    plm_session_free(s);
+}
+
+static void test_S04_session_id_never_leaks_into_errors_or_results(void **state)
+{
+    /* client -> wiretap (sees the id on the wire) -> fault proxy (tampers) -> sandboxd */
+    assert_int_equal(wiretap_relay(&tap, wiretap_port_of(proxy.url)), 0);
+    plm_client *c = client_at(tap.url, daemon_proc.token, 0);
+    char id[256];
+    plm_error *e = NULL;
+
+    /* 1. A chain broken by a tampered answer: data_loss with the answer attached, and
+     *    the session stops; the refusal that follows and the close mismatch as well. */
+    plm_session *s = open_session(c, NULL);
+    plm_result *r = cell(s, "python", "1", &e);
+    ok(e);
+    session_id_from_wire(&tap, s, id, sizeof id);
+    result_lacks_id("result", r, id);
+    plm_result_free(r);
+    arm("{\"mode\":\"break_chain\",\"rpc\":\"SessionRun\",\"value\":\"5\"}");
+    assert_null(cell(s, "python", "2", &e));
+    assert_int_equal(e->code, PLM_DATA_LOSS);
+    error_lacks_id(e, id);
+    plm_cell cl = {"python", "3", NULL, 0};
+    e = plm_session_run_cell(s, &cl, NULL, never_result, NULL);
+    assert_int_equal(e->code, PLM_FAILED_PRECONDITION);
+    error_lacks_id(e, id);
+    session_accessors_lack_id(s, id);
+    fault_reset(&proxy);
+    plm_close_summary *sum = NULL;
+    e = plm_session_close_sync(s, &sum); /* the daemon counts 2 calls, this client 1 */
+    assert_int_equal(e->code, PLM_DATA_LOSS);
+    error_lacks_id(e, id);
+    plm_session_free(s);
+
+    /* 2. An unanswered record naming another provider, and a cancelled exchange. */
+    s = tapped_session(c, id, sizeof id);
+    arm("{\"mode\":\"unanswered\",\"rpc\":\"SessionRun\",\"value\":\"liar\"}");
+    assert_null(cell(s, "python", "2", &e));
+    assert_int_equal(e->code, PLM_DATA_LOSS);
+    error_lacks_id(e, id);
+    close_untampered(s);
+
+    s = tapped_session(c, id, sizeof id);
+    arm("{\"mode\":\"stall_headers\",\"rpc\":\"SessionRun\"}");
+    plm_cancel *k = plm_cancel_new();
+    plm_run_options o = {.cancel = k};
+    box b = {0};
+    ok(plm_session_run_cell(s, &cl, &o, box_cb, &b));
+    ev_timer tm;
+    ev_timer_init(&tm, fire_cb, 0.05, 0.);
+    tm.data = k;
+    ev_timer_start(plm_client_loop(c), &tm);
+    while (!b.done)
+        ev_run(plm_client_loop(c), EVRUN_ONCE);
+    assert_int_equal(b.err->code, PLM_CANCELED);
+    error_lacks_id(b.err, id);
+    plm_cancel_free(k);
+    close_untampered(s);
+
+    /* 3. A session the daemon ended (expired), then a close of it: its reason and detail. */
+    s = tapped_session(c, id, sizeof id);
+    end_all_sessions();
+    assert_null(cell(s, "python", "2", &e));
+    assert_int_equal(e->session_ended, PLM_END_EXPIRED);
+    error_lacks_id(e, id);
+    ok(plm_session_close_sync(s, &sum));
+    lacks_id("close summary", sum->session, id);
+    lacks_id("close summary", sum->last_record_sha256, id);
+    plm_close_summary_free(sum);
+    session_accessors_lack_id(s, id);
+    /* ...and a call after the close (refused here or by the daemon). */
+    assert_null(cell(s, "python", "3", &e));
+    error_lacks_id(e, id);
+    plm_session_free(s);
+    plm_client_free(c);
+    wiretap_stop(&tap);
+}
+
+static void test_W24_keep_alive_one_connection_for_sequential_calls(void **state)
+{
+    assert_int_equal(wiretap_relay(&tap, wiretap_port_of(daemon_proc.url)), 0);
+    plm_client *c = client_at(tap.url, daemon_proc.token, 0);
+    for (int i = 0; i < 3; i++) {
+        plm_info *info = NULL;
+        ok(plm_describe_sync(c, &info));
+        plm_info_free(info);
+        plm_error *e = NULL;
+        plm_result *r = run_js(c, "1", NULL, &e);
+        ok(e);
+        plm_result_free(r);
+    }
+    plm_session *s = open_session(c, NULL);
+    plm_error *e = NULL;
+    plm_result *r = cell(s, "python", "1", &e);
+    ok(e);
+    plm_result_free(r);
+    close_expect(s, 1, PLM_END_CLOSED);
+    plm_session_free(s);
+    char *sent = wiretap_sent(&tap);
+    int requests = 0;
+    for (const char *p = strstr(sent, "POST /"); p; p = strstr(p + 1, "POST /"))
+        requests++;
+    free(sent);
+    assert_int_equal(requests, 9);
+    if (wiretap_connections(&tap) != 1)
+        fail_msg("%d sequential calls used %d TCP connections", requests, wiretap_connections(&tap));
+    /* A second client has its own connection. */
+    plm_client *c2 = client_at(tap.url, daemon_proc.token, 0);
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c2, &info));
+    plm_info_free(info);
+    assert_int_equal(wiretap_connections(&tap), 2);
+    plm_client_free(c2);
+    plm_client_free(c);
+    wiretap_stop(&tap);
+}
+
 int main(void)
 {
     plm_global_init();
@@ -1366,6 +1681,7 @@ int main(void)
         cmocka_unit_test_setup(test_S03_open_below_floor_is_data_loss, reset_proxy),
         cmocka_unit_test_setup(test_W02_each_request_carries_a_fresh_id, reset_proxy),
         cmocka_unit_test_setup(test_W17_refusal_reported_after_cancel_is_canceled, reset_proxy),
+        cmocka_unit_test_setup(test_W17_refusal_reported_after_the_deadline_is_deadline_exceeded, reset_proxy),
         cmocka_unit_test_setup(test_W24_a_call_whose_answer_was_lost_is_not_sent_again, reset_proxy),
         cmocka_unit_test_setup(test_W27_lifetime_and_idle_are_passed_capped_or_omitted, reset_proxy),
         cmocka_unit_test_setup(test_W28_grant_sent_only_when_configured_and_never_on_cells, reset_proxy),
@@ -1376,6 +1692,10 @@ int main(void)
         cmocka_unit_test_setup(test_E19_E26_open_on_a_daemon_without_sessions_is_unsupported, reset_proxy),
         cmocka_unit_test_setup(test_E24_replaced_session_is_refused_with_its_reason, reset_proxy),
         cmocka_unit_test_setup(test_S15_unlisted_end_name_reads_as_unknown_never_open, reset_proxy),
+        cmocka_unit_test_setup(test_E22_guest_failure_is_a_result_not_an_error, reset_proxy),
+        cmocka_unit_test_setup_teardown(test_W04_trailing_slashes_stripped_against_the_daemon, reset_proxy, stop_tap),
+        cmocka_unit_test_setup_teardown(test_S04_session_id_never_leaks_into_errors_or_results, reset_proxy, stop_tap),
+        cmocka_unit_test_setup_teardown(test_W24_keep_alive_one_connection_for_sequential_calls, reset_proxy, stop_tap),
     };
     if (getenv("TEST_FILTER"))
         cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -9,10 +9,20 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 
 #include "internal.h"
+#include "wiretap.h"
+
+static wiretap tap; /* global, so a failed test's teardown stops its threads */
+
+static int stop_tap(void **state)
+{
+    wiretap_stop(&tap);
+    return 0;
+}
 
 static plm_error *make(const char *url, bool insecure, int64_t timeout, plm_client **c)
 {
@@ -493,6 +503,364 @@ static void test_E13_undecodable_detail_states_nothing(void **state)
     free(b64);
 }
 
+/* ---------------------------------------------------------------- the wire, seen from a local listener */
+
+/* The header block of the first request in `req` (up to the blank line). */
+static const char *head_end(const char *req)
+{
+    const char *e = strstr(req, "\r\n\r\n");
+    assert_non_null(e);
+    return e + 2;
+}
+
+/* How many header lines named `name` the first request carries; the last value in out. */
+static int header_count(const char *req, const char *name, char *out, size_t cap)
+{
+    const char *end = head_end(req);
+    size_t nl = strlen(name);
+    int n = 0;
+    for (const char *line = strstr(req, "\r\n"); line && line + 2 < end; line = strstr(line, "\r\n")) {
+        line += 2;
+        if (strncasecmp(line, name, nl) == 0 && line[nl] == ':') {
+            n++;
+            const char *v = line + nl + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = (size_t)(strstr(v, "\r\n") - v);
+            if (out) {
+                snprintf(out, cap, "%.*s", (int)(vl < cap ? vl : cap - 1), v);
+            }
+        }
+    }
+    return n;
+}
+
+static void expect_header(const char *req, const char *name, const char *value)
+{
+    char v[256] = "";
+    int n = header_count(req, name, v, sizeof v);
+    if (n != 1)
+        fail_msg("%d %s headers in:\n%s", n, name, req);
+    if (value && strcmp(v, value) != 0)
+        fail_msg("%s is \"%s\", not \"%s\"", name, v, value);
+}
+
+static plm_client *client_for(const char *url, const char *token)
+{
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = url;
+    o.token = token;
+    plm_client *c = NULL;
+    plm_error *e = plm_client_new(NULL, &o, &c);
+    if (e)
+        fail_msg("client for %s: %s", url, e->message);
+    return c;
+}
+
+static void describe_ok(plm_client *c)
+{
+    plm_info *info = NULL;
+    plm_error *e = plm_describe_sync(c, &info);
+    if (e)
+        fail_msg("Describe failed [%s]: %s", plm_code_name(e->code), e->message);
+    plm_info_free(info);
+}
+
+static void test_W01_exact_method_path_and_headers_bearer_only_with_a_token(void **state)
+{
+    assert_int_equal(wiretap_canned(&tap, 200, NULL, "{}", true), 0);
+    const char *tokens[] = {NULL, "", "s3cret-token"};
+    for (size_t i = 0; i < PLM_ARRAY_LEN(tokens); i++) {
+        wiretap_clear(&tap);
+        plm_client *c = client_for(tap.url, tokens[i]);
+        describe_ok(c);
+        plm_error *e = NULL;
+        plm_result *r = NULL;
+        e = plm_run_javascript_sync(c, "1", NULL, &r); /* {} holds no record: data_loss */
+        assert_null(r);
+        assert_non_null(e);
+        plm_error_free(e);
+        plm_client_free(c);
+        char *sent = wiretap_sent(&tap);
+        const char *second = strstr(sent + 1, "POST ");
+        assert_non_null(second);
+        const char *reqs[] = {sent, second};
+        const char *lines[] = {"POST /plimsoll.v1.SandboxService/Describe HTTP/1.1\r\n",
+                               "POST /plimsoll.v1.SandboxService/Run HTTP/1.1\r\n"};
+        for (int k = 0; k < 2; k++) {
+            const char *req = reqs[k];
+            if (strncmp(req, lines[k], strlen(lines[k])) != 0)
+                fail_msg("request line: %.80s", req);
+            expect_header(req, "Content-Type", "application/json");
+            expect_header(req, "Connect-Protocol-Version", "1");
+            char id[128] = "";
+            assert_int_equal(header_count(req, "Plimsoll-Request-Id", id, sizeof id), 1);
+            assert_int_equal(strlen(id), 32);
+            assert_int_equal(strspn(id, "0123456789abcdef"), 32);
+            if (tokens[i] && *tokens[i])
+                expect_header(req, "Authorization", "Bearer s3cret-token");
+            else if (header_count(req, "Authorization", NULL, 0) != 0)
+                fail_msg("an Authorization header with token %s:\n%s",
+                         tokens[i] ? "\"\"" : "NULL", req);
+        }
+        /* Describe sends {} (W32) */
+        const char *body = strstr(sent, "\r\n\r\n") + 4;
+        assert_int_equal(strncmp(body, "{}", 2), 0);
+        free(sent);
+    }
+    wiretap_stop(&tap);
+}
+
+static void test_W04_trailing_slashes_of_an_accepted_url_are_stripped(void **state)
+{
+    assert_int_equal(wiretap_canned(&tap, 200, NULL, "{}", true), 0);
+    struct { const char *suffix, *path; } cases[] = {
+        {"/", "/plimsoll.v1.SandboxService/Describe"},
+        {"///", "/plimsoll.v1.SandboxService/Describe"},
+        {"/prefix//", "/prefix/plimsoll.v1.SandboxService/Describe"},
+        {"/a/b/", "/a/b/plimsoll.v1.SandboxService/Describe"},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(cases); i++) {
+        wiretap_clear(&tap);
+        char url[128], line[160];
+        snprintf(url, sizeof url, "%s%s", tap.url, cases[i].suffix);
+        plm_client *c = client_for(url, NULL);
+        describe_ok(c);
+        plm_client_free(c);
+        char *sent = wiretap_sent(&tap);
+        snprintf(line, sizeof line, "POST %s HTTP/1.1\r\n", cases[i].path);
+        if (strncmp(sent, line, strlen(line)) != 0)
+            fail_msg("base %s sent: %.100s", url, sent);
+        free(sent);
+    }
+    wiretap_stop(&tap);
+}
+
+static void test_W21_empty_body_reads_as_empty_object_and_non_json_as_no_body(void **state)
+{
+    assert_int_equal(wiretap_canned(&tap, 200, NULL, "", true), 0);
+    plm_client *c = client_for(tap.url, NULL);
+    /* An empty 2xx body is {}: Describe maps it to zero values (not "not a JSON message"). */
+    plm_info *info = NULL;
+    plm_error *e = plm_describe_sync(c, &info);
+    if (e)
+        fail_msg("empty Describe answer failed [%s]: %s", plm_code_name(e->code), e->message);
+    assert_int_equal(info->protocol, 0);
+    assert_string_equal(info->sandbox, "");
+    assert_false(info->supports_sessions);
+    plm_info_free(info);
+    /* ...and a Run answered {} has no record: data_loss, not internal. */
+    plm_result *r = NULL;
+    e = plm_run_javascript_sync(c, "1", NULL, &r);
+    assert_null(r);
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_DATA_LOSS);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_NONE);
+    assert_false(e->answer_not_bound);
+    assert_non_null(strstr(e->message, "no run record"));
+    plm_error_free(e);
+    /* A non-JSON error body is no body: the code comes from the status, the message is
+     * "HTTP <status>", even when the text looks like a Connect error cut short. */
+    struct { int status; const char *body; plm_code want; } bad[] = {
+        {503, "<html>Service Unavailable</html>", PLM_UNAVAILABLE},
+        {429, "{\"code\":\"permission_denied\",\"message\":\"cut", PLM_UNAVAILABLE},
+        {404, "not found", PLM_UNIMPLEMENTED},
+        {400, "{\"code\":", PLM_INTERNAL},
+        {500, "}", PLM_UNKNOWN},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(bad); i++) {
+        wiretap_set_answer(&tap, bad[i].status, NULL, bad[i].body, true);
+        e = plm_run_javascript_sync(c, "1", NULL, &r);
+        assert_null(r);
+        assert_non_null(e);
+        char msg[64];
+        snprintf(msg, sizeof msg, "HTTP %d", bad[i].status);
+        if (e->code != bad[i].want || !strstr(e->message, msg))
+            fail_msg("%d %s gave %s: %s", bad[i].status, bad[i].body, plm_code_name(e->code),
+                     e->message);
+        assert_int_equal(e->not_dispatched, PLM_REFUSAL_NONE);
+        assert_false(e->answer_not_bound);
+        plm_error_free(e);
+    }
+    /* No body still lets a bound header mark the refusal (E10). */
+    wiretap_set_answer(&tap, 400, "Plimsoll-Not-Dispatched: request\r\n", "not json", true);
+    e = plm_run_javascript_sync(c, "1", NULL, &r);
+    assert_non_null(e);
+    assert_int_equal(e->code, PLM_INTERNAL);
+    assert_int_equal(e->not_dispatched, PLM_REFUSAL_REQUEST);
+    plm_error_free(e);
+    plm_client_free(c);
+    wiretap_stop(&tap);
+}
+
+/* ---------------------------------------------------------------- argument validation */
+
+static void never_info(void *ud, plm_error *err, plm_info *i)
+{
+    fail_msg("a refused Describe must not call back");
+}
+
+static void never_close(void *ud, plm_error *err, plm_close_summary *s)
+{
+    fail_msg("a refused close must not call back");
+}
+
+/* An error for bad arguments: invalid_argument, and marked request for an operation
+ * (nothing was sent), never marked for construction. */
+static void expect_bad_args(const char *what, plm_error *e, plm_refusal mark)
+{
+    if (!e)
+        fail_msg("%s: accepted", what);
+    if (e->code != PLM_INVALID_ARGUMENT || e->not_dispatched != mark || !e->message || !*e->message)
+        fail_msg("%s: %s/%d: %s", what, plm_code_name(e->code), (int)e->not_dispatched,
+                 e->message ? e->message : "(no message)");
+    plm_error_free(e);
+}
+
+static void test_API_null_and_invalid_arguments_are_invalid_argument(void **state)
+{
+    plm_client *c = offline_client();
+    plm_client *cnull = NULL;
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = "http://127.0.0.1:1";
+    plm_info *info = (plm_info *)1;
+    plm_result *res = (plm_result *)1;
+    plm_session *sess = (plm_session *)1;
+    plm_close_summary *sum = (plm_close_summary *)1;
+    plm_cell py = {"python", "1", NULL, 0};
+    /* (A NULL string inside a list reads as "", by design; a NULL list with a count is
+     * a bad argument.) */
+    plm_project nofiles = {.files = NULL, .n_files = 2};
+    plm_project nosteps = {.steps = NULL, .n_steps = 1};
+    plm_project noartifacts = {.artifacts = NULL, .n_artifacts = 1};
+    plm_software_rule nomode = {NULL, NULL, 0};
+    plm_software_rule noids = {"exact", NULL, 1};
+    plm_run_options badrule = {.software = &nomode}, badrule2 = {.software = &noids};
+    plm_run_options badfloor = {.minimum_isolation = "moon"};
+    plm_session_options nolangs = {.languages = NULL, .n_languages = 2};
+    plm_session_options sbadrule = {.software = &noids};
+    const plm_run_options *no_opts = NULL;
+    const plm_refusal R = PLM_REFUSAL_REQUEST, N = PLM_REFUSAL_NONE;
+
+    struct { const char *what; plm_error *e; plm_refusal mark; } cases[] = {
+        {"client_new(NULL options)", plm_client_new(NULL, NULL, &cnull), N},
+        {"client_new(NULL out)", plm_client_new(NULL, &o, NULL), N},
+        {"describe(NULL client)", plm_describe(NULL, NULL, never_info, NULL), R},
+        {"describe(NULL cb)", plm_describe(c, NULL, NULL, NULL), R},
+        {"run_javascript(NULL client)", plm_run_javascript(NULL, "1", no_opts, never, NULL), R},
+        {"run_javascript(NULL code)", plm_run_javascript(c, NULL, no_opts, never, NULL), R},
+        {"run_javascript(NULL cb)", plm_run_javascript(c, "1", no_opts, NULL, NULL), R},
+        {"run_javascript(rule without mode)", plm_run_javascript(c, "1", &badrule, never, NULL), R},
+        {"run_javascript(rule without identities)", plm_run_javascript(c, "1", &badrule2, never, NULL), R},
+        {"run_javascript(bad floor)", plm_run_javascript(c, "1", &badfloor, never, NULL), R},
+        {"run_project(NULL client)", plm_run_project(NULL, &nofiles, no_opts, never, NULL), R},
+        {"run_project(NULL project)", plm_run_project(c, NULL, no_opts, never, NULL), R},
+        {"run_project(NULL cb)", plm_run_project(c, &nofiles, no_opts, NULL, NULL), R},
+        {"run_project(NULL files, n 2)", plm_run_project(c, &nofiles, no_opts, never, NULL), R},
+        {"run_project(NULL steps, n 1)", plm_run_project(c, &nosteps, no_opts, never, NULL), R},
+        {"run_project(NULL artifacts, n 1)", plm_run_project(c, &noartifacts, no_opts, never, NULL), R},
+        {"open_session(NULL client)", plm_open_session(NULL, NULL, never_session, NULL), R},
+        {"open_session(NULL cb)", plm_open_session(c, NULL, NULL, NULL), R},
+        {"open_session(NULL languages, n 2)", plm_open_session(c, &nolangs, never_session, NULL), R},
+        {"open_session(bad rule)", plm_open_session(c, &sbadrule, never_session, NULL), R},
+        {"session_run_cell(NULL session)", plm_session_run_cell(NULL, &py, NULL, never, NULL), R},
+        {"session_run_javascript(NULL session)", plm_session_run_javascript(NULL, "1", NULL, never, NULL), R},
+        {"session_run_project(NULL session)", plm_session_run_project(NULL, &nofiles, NULL, never, NULL), R},
+        {"session_close(NULL session)", plm_session_close(NULL, NULL, never_close, NULL), R},
+        {"describe_sync(NULL client)", plm_describe_sync(NULL, &info), R},
+        {"describe_sync(NULL out)", plm_describe_sync(c, NULL), R},
+        {"run_javascript_sync(NULL client)", plm_run_javascript_sync(NULL, "1", NULL, &res), R},
+        {"run_javascript_sync(NULL code)", plm_run_javascript_sync(c, NULL, NULL, &res), R},
+        {"run_javascript_sync(NULL out)", plm_run_javascript_sync(c, "1", NULL, NULL), R},
+        {"open_session_sync(NULL client)", plm_open_session_sync(NULL, NULL, &sess), R},
+        {"open_session_sync(NULL out)", plm_open_session_sync(c, NULL, NULL), R},
+        {"session_run_cell_sync(NULL session)", plm_session_run_cell_sync(NULL, &py, NULL, &res), R},
+        {"session_run_cell_sync(NULL out)", plm_session_run_cell_sync(NULL, &py, NULL, NULL), R},
+        {"session_run_javascript_sync(NULL session)", plm_session_run_javascript_sync(NULL, "1", NULL, &res), R},
+        {"session_close_sync(NULL session)", plm_session_close_sync(NULL, &sum), R},
+        {"session_close_sync(NULL out)", plm_session_close_sync(NULL, NULL), R},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(cases); i++)
+        expect_bad_args(cases[i].what, cases[i].e, cases[i].mark);
+    assert_null(cnull);
+    assert_null(info);
+    assert_null(res);
+    assert_null(sess);
+    assert_null(sum);
+
+    /* The digest helpers: a NULL value or output is an invalid argument too. */
+    plm_hex hex;
+    json_t *obj = json_object();
+    plm_record rec = {.version = 2};
+    struct { const char *what; plm_error *e; } digests[] = {
+        {"request_digest(NULL request)", plm_request_digest(NULL, hex)},
+        {"request_digest(NULL hex)", plm_request_digest(obj, NULL)},
+        {"result_digest(NULL response)", plm_result_digest(NULL, hex)},
+        {"result_digest(NULL hex)", plm_result_digest(obj, NULL)},
+        {"record_digest(NULL record)", plm_record_digest(NULL, hex)},
+        {"record_digest(NULL hex)", plm_record_digest(&rec, NULL)},
+    };
+    for (size_t i = 0; i < PLM_ARRAY_LEN(digests); i++)
+        expect_bad_args(digests[i].what, digests[i].e, N);
+    plm_error *err = (plm_error *)1;
+    assert_null(plm_record_from_json(NULL, &err));
+    expect_bad_args("record_from_json(NULL)", err, N);
+    assert_null(plm_record_from_json(obj, NULL)); /* nowhere to say why: just NULL */
+    json_decref(obj);
+
+    /* Everything else takes NULL without crashing. */
+    plm_client_options_init(NULL);
+    plm_error_free(NULL);
+    plm_record_free(NULL);
+    plm_result_free(NULL);
+    plm_info_free(NULL);
+    plm_close_summary_free(NULL);
+    plm_client_free(NULL);
+    plm_session_free(NULL);
+    plm_cancel_fire(NULL);
+    plm_cancel_free(NULL);
+    assert_false(plm_cancel_fired(NULL));
+    assert_null(plm_client_loop(NULL));
+    assert_null(plm_record_copy(NULL));
+    assert_null(plm_record_to_json(NULL));
+    plm_code code = PLM_OK;
+    assert_false(plm_code_parse(NULL, &code));
+    assert_false(plm_code_parse("internal", NULL));
+    assert_string_equal(plm_code_name((plm_code)99), "unknown");
+    assert_null(plm_refusal_name((plm_refusal)99));
+    assert_int_equal(plm_session_end_from_json(NULL), PLM_END_OPEN);
+    assert_string_equal(plm_session_end_name((plm_session_end)99), "unknown");
+    plm_sha256_hex(NULL, 0, hex);
+    assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    plm_sha256_hex("x", 1, NULL);
+    plm_owner_digest(NULL, NULL, hex);
+    assert_int_equal(strlen(hex), 64);
+    plm_owner_digest("t", "o", NULL);
+    char *id = plm_software_rule_id(NULL);
+    assert_string_equal(id, "");
+    free(id);
+    assert_false(plm_meets(NULL, "process"));
+    assert_true(plm_valid_floor(NULL));
+    assert_null(plm_session_fingerprint(NULL));
+    assert_null(plm_session_isolation(NULL));
+    assert_null(plm_session_sandbox(NULL));
+    assert_null(plm_session_software_identity(NULL));
+    assert_null(plm_session_stopped(NULL));
+    assert_int_equal(plm_session_expires_at_ms(NULL), 0);
+    assert_int_equal(plm_session_idle_timeout_ms(NULL), 0);
+    const char *detail = NULL;
+    assert_int_equal(plm_session_ended(NULL, &detail), PLM_END_UNKNOWN);
+    assert_string_equal(detail, "");
+    uint64_t calls = 7;
+    const char *last = "x";
+    plm_session_chain(NULL, &calls, &last);
+    assert_int_equal(calls, 0);
+    assert_null(last);
+    plm_client_free(c);
+}
+
 int main(void)
 {
     plm_global_init();
@@ -518,6 +886,10 @@ int main(void)
         cmocka_unit_test(test_E03_refusal_reasons_all_mark_not_dispatched),
         cmocka_unit_test(test_E12_E15_session_ended_and_unanswered_details_decode),
         cmocka_unit_test(test_E13_undecodable_detail_states_nothing),
+        cmocka_unit_test_teardown(test_W01_exact_method_path_and_headers_bearer_only_with_a_token, stop_tap),
+        cmocka_unit_test_teardown(test_W04_trailing_slashes_of_an_accepted_url_are_stripped, stop_tap),
+        cmocka_unit_test_teardown(test_W21_empty_body_reads_as_empty_object_and_non_json_as_no_body, stop_tap),
+        cmocka_unit_test(test_API_null_and_invalid_arguments_are_invalid_argument),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
