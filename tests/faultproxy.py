@@ -78,6 +78,19 @@ Modes:
   Transport faults:
   cut_body               forward; headers with the full Content-Length, half the body,
                          then close.
+  cut_status_line        forward; the first half of the status line ("HTTP/1."), no
+                         line end, then close (not counted as answered).
+  cut_headers            forward; the status line and part of the header block (cut
+                         inside a header line, before the blank line), then close.
+  cut_after_headers      forward; the complete headers with the full Content-Length,
+                         not one body byte, then close (an empty body is thus whole).
+  cut_last_byte          forward; headers with the full Content-Length and the body but
+                         its last byte, then close.
+  cut_chunked            forward; headers with Transfer-Encoding: chunked (no
+                         Content-Length), the whole body as one chunk, then close
+                         without the last (zero-size) chunk: every body byte arrived,
+                         the answer is still incomplete.  (sandboxd itself always
+                         frames with Content-Length; a proxy in between may not.)
   stall_body             forward; headers and half the body, then hold the socket until
                          the client closes.
   reset                  forward; then close the client connection with an RST
@@ -862,11 +875,54 @@ def mode_transport(h, req, fault):
             log("delay: ended early (client gone or proxy stopping)")
             return close_client(h)
         return send(h, answer)
+    if fault.mode in CUTS:
+        return cut_answer(h, answer, fault.mode)
     # cut_body, stall_body: the full Content-Length, half the body
     write_head(h, answer, len(answer.body))
     h.wfile.write(answer.body[: len(answer.body) // 2])
     if fault.mode == "stall_body":
         hold(h)
+    close_client(h)
+
+
+CUTS = ("cut_status_line", "cut_headers", "cut_after_headers", "cut_last_byte",
+        "cut_chunked")
+
+
+def head_bytes(h, answer, framing):
+    """The answer's status line and headers as sent, with `framing` (name, value) last."""
+    reason = answer.reason
+    if reason is None:
+        reason = h.responses.get(answer.status, ("",))[0]
+    lines = ["%s %d %s" % (h.protocol_version, answer.status, reason)]
+    lines += ["%s: %s" % (k, v) for k, v in answer.headers + [framing]]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def cut_answer(h, answer, mode):
+    """Writes part of the answer (see the cut_* modes), then closes with a FIN."""
+    body = answer.body
+    if mode == "cut_chunked":
+        head = head_bytes(h, answer, ("Transfer-Encoding", "chunked"))
+        data = head + (b"%x\r\n" % len(body) + body + b"\r\n" if body else b"")
+    else:
+        head = head_bytes(h, answer, ("Content-Length", str(len(body))))
+        status_end = head.index(b"\r\n")  # the status line, without its CRLF
+        if mode == "cut_status_line":
+            data = head[: status_end // 2]
+        elif mode == "cut_headers":
+            # Halfway between the status line's CRLF and the blank line that ends the
+            # block: the status line is whole, the blank line never sent (the framing
+            # header is always there, so the block is never empty).
+            data = head[: (status_end + 2 + len(head) - 2) // 2]
+        elif mode == "cut_after_headers":
+            data = head
+        else:  # cut_last_byte
+            data = head + body[:-1]
+    if mode != "cut_status_line":
+        STATE.count_answered()
+    h.wfile.write(data)
+    h.wfile.flush()
     close_client(h)
 
 
@@ -921,6 +977,7 @@ MODES = {
     "unanswered": mode_unanswered,
     "cut_body": mode_transport,
     "stall_body": mode_transport,
+    **{name: mode_transport for name in CUTS},
     "reset": mode_transport,
     "delay": mode_transport,
     "stall_headers": mode_transport,

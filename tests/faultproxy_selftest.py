@@ -527,6 +527,84 @@ def test_modes(port, logpath):
           len(got) == length // 2 and how == "eof", (head, len(got), length, how))
     check("cut_body forwarded", c.stats()["forwarded"]["Run"] == 1)
 
+    # the answer cut at every other part: status line, headers, 0 body bytes, 1 short,
+    # chunked without its last chunk.  Each is forwarded first (the call ran).
+    c.reset()
+    c.arm(mode="cut_status_line", count=1)
+    s, head, length = raw_exchange(port, "Run")
+    got, how = read_until_close(s)
+    s.close()
+    check("cut_status_line", head == b"HTTP/1." and got == b"" and length is None,
+          (head, got))
+    st = c.stats()
+    check("cut_status_line forwarded, not answered",
+          st["forwarded"]["Run"] == 1 and st["answered"] == 0, st)
+
+    c.reset()
+    c.arm(mode="cut_headers", count=1)
+    s, head, length = raw_exchange(port, "Run")
+    got, how = read_until_close(s)
+    s.close()
+    status_line, _, rest = head.partition(b"\r\n")
+    check("cut_headers", status_line == b"HTTP/1.1 200 OK" and rest and
+          b"\r\n\r\n" not in head and got == b"", (head, got))
+    check("cut_headers forwarded", c.stats()["forwarded"]["Run"] == 1)
+
+    c.reset()
+    c.arm(mode="cut_after_headers", count=1)
+    s, head, length = raw_exchange(port, "Run")
+    got, how = read_until_close(s)
+    s.close()
+    check("cut_after_headers", head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+          and length and length > 0 and got == b"" and how == "eof", (head, length, got, how))
+    check("cut_after_headers echo", re.search(rb"Plimsoll-Request-Id: [0-9a-f]{32}\r\n", head))
+    st = c.stats()
+    check("cut_after_headers forwarded, answered",
+          st["forwarded"]["Run"] == 1 and st["answered"] == 1, st)
+
+    c.reset()
+    c.arm(mode="cut_last_byte", count=1)
+    s, head, length = raw_exchange(port, "Run")
+    got, how = read_until_close(s)
+    s.close()
+    check("cut_last_byte", length and len(got) == length - 1 and how == "eof" and
+          "javascript" in json.loads(got + b"}"), (length, got[-20:], how))
+    check("cut_last_byte forwarded", c.stats()["forwarded"]["Run"] == 1)
+
+    c.reset()
+    c.arm(mode="cut_chunked", count=1)
+    s, head, length = raw_exchange(port, "Run")
+    got, how = read_until_close(s)
+    s.close()
+    size, _, chunk = got.partition(b"\r\n")
+    check("cut_chunked framing", length is None and
+          re.search(rb"\r\nTransfer-Encoding: chunked\r\n", head) is not None, head)
+    check("cut_chunked one whole chunk, no last chunk", how == "eof" and
+          int(size, 16) == len(chunk) - 2 and chunk.endswith(b"\r\n") and
+          "javascript" in json.loads(chunk[:-2]) and not got.endswith(b"0\r\n\r\n"),
+          (got[:20], got[-20:], how))
+    check("cut_chunked forwarded", c.stats()["forwarded"]["Run"] == 1)
+    c.arm(mode="cut_chunked", count=1)  # an HTTP client sees the answer incomplete
+    try:
+        cc = Client(port)
+        cc.call("Run", js)
+        check("cut_chunked is incomplete to http.client", False, "read it whole")
+    except http.client.IncompleteRead:
+        check("cut_chunked is incomplete to http.client", True)
+    cc.conn.close()
+    # (not cut_headers: http.client takes an EOF in the header block as its end)
+    for mode in ("cut_status_line", "cut_after_headers", "cut_last_byte"):
+        c.arm(mode=mode, count=1)
+        try:
+            cc = Client(port)
+            cc.call("Run", js)
+            check(mode + " fails an HTTP client", False, "read it whole")
+        except (http.client.HTTPException, ConnectionError):
+            check(mode + " fails an HTTP client", True)
+        cc.conn.close()
+    status, _, _, _ = c.call("Run", js)
+    check("cuts apply to count requests only", status == 200)
+
     c.arm(mode="stall_body", count=1)
     s, head, length = raw_exchange(port, "Run", timeout=0.5)
     got, how = read_until_close(s)
