@@ -174,6 +174,8 @@ install: all
 	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/plimsoll.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 755 $(BUILD)/sandboxd $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 644 sandboxd/sandboxd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	if [ -x $(BUILD)/berth ]; then \
 	  install -d $(DESTDIR)$(PREFIX)/share/berth/scripts $(DESTDIR)$(PREFIX)/share/man/man1; \
 	  install -m 755 $(BUILD)/berth $(DESTDIR)$(PREFIX)/bin/; \

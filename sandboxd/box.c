@@ -38,6 +38,7 @@ static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
 typedef struct op {
     bool active;
     bool not_run;                  /* complete from the loop as SBX_CELL_NOT_RUN */
+    bool no_nonce;                 /* ... as SBX_CELL_NO_NONCE: no random bytes */
     bool sent;                     /* the code left for the kernel */
     bool files_pending;            /* waiting for SUP_FILES_DONE */
     sbx_cell_cb cb;
@@ -260,7 +261,7 @@ static void fail_all(sbx_box *b)
     for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++) {
         op *o = &b->lane[l].op;
         if (o->active && o->not_run)
-            complete_end(o, SBX_CELL_NOT_RUN, NULL);
+            complete_end(o, o->no_nonce ? SBX_CELL_NO_NONCE : SBX_CELL_NOT_RUN, NULL);
         else if (o->active && b->dead)
             complete_end(o, SBX_CELL_SANDBOX_GONE, why);
     }
@@ -953,9 +954,14 @@ void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, ui
         ev_timer_start(b->loop, &b->fail_now);
         return;
     }
+    /* A fence the cell could guess would let it forge its own end: without random
+     * bytes nothing runs. */
+    if (!sbx_random_hex(SUP_NONCE_LEN / 2, o->nonce)) {
+        o->not_run = o->no_nonce = true;
+        ev_timer_start(b->loop, &b->fail_now);
+        return;
+    }
     o->job = job;
-    if (!sbx_random_hex(SUP_NONCE_LEN / 2, o->nonce))
-        snprintf(o->nonce, sizeof o->nonce, "%032x", 0);
     o->mark[0] = 0x1f;
     memcpy(o->mark + 1, o->nonce, SUP_NONCE_LEN);
     o->mark[END_MARK_LEN - 1] = 0x1e;

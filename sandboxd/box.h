@@ -62,6 +62,7 @@ typedef enum sbx_cell_end {
     SBX_CELL_DIED,                 /* the interpreter ended during the cell (or was killed) */
     SBX_CELL_FILES_FAILED,         /* nothing ran: file `file_index` failed with `errcode` */
     SBX_CELL_NOT_RUN,              /* nothing ran: no interpreter was listening */
+    SBX_CELL_NO_NONCE,             /* nothing ran: no random bytes for the cell's nonce */
     SBX_CELL_SANDBOX_GONE,         /* the sandbox ended; may have run */
     SBX_CELL_EXITED,               /* a snippet's process exited: `wait_status` */
 } sbx_cell_end;

@@ -362,6 +362,11 @@ static void on_cell_result(void *ud, sbx_cell_result *cr)
                     sbx_printf("no %s interpreter was listening; nothing ran",
                                c->lang == SUP_LANG_EXEC ? "node" : lang_word(c->lang)));
         break;
+    case SBX_CELL_NO_NONCE:
+        r = refusal(kind, PLM_INTERNAL, PLM_REFUSAL_ENVIRONMENT,
+                    sbx_printf("sandboxd could not get random bytes for the cell's end-of-output "
+                               "nonce; nothing ran"));
+        break;
     case SBX_CELL_SANDBOX_GONE:
         if (c->s && c->s->closing) {
             if (!c->sent) {

@@ -6,8 +6,9 @@
  * nothing inside can signal it), a child subreaper under the process provider.  It:
  *   - hardens the sandbox from the inside where the provider asks for it (bubblewrap:
  *     mounts the noexec, nosuid, sized tmpfs file systems in a mount namespace of its
- *     own, drops every capability, sets no_new_privs and installs the seccomp filter;
- *     everywhere: not dumpable, resource limits), then says HELLO;
+ *     own and drops every capability; bubblewrap and gVisor: installs the seccomp
+ *     filter, which gVisor's kernel enforces there; everywhere: no_new_privs, not
+ *     dumpable, resource limits), then says HELLO;
  *   - starts one persistent kernel per language on request, with its stdout and stderr
  *     on the language's FIFOs (the kernel opens its request and reply FIFOs itself, so
  *     cells go from the daemon to the kernel and back without passing through here);
@@ -1023,7 +1024,7 @@ static void parse_opts(int argc, char **argv)
     } else if (!strcmp(O.mode, "process")) {
         O.subreaper = O.walk_disk = true;
     } else if (!strcmp(O.mode, "gvisor")) {
-        O.count_tasks = true;
+        O.count_tasks = O.seccomp = true;
     }
 }
 

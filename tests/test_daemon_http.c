@@ -723,6 +723,38 @@ static void raw_read(int fd, answer *a)
 
 /* ================================================================ D: sessions */
 
+/* Opens with `extra`, checks the answer's lifetime and idle timeout, closes. */
+static void open_expect_limits(const char *extra, long long lifetime_ms, long long idle_ms)
+{
+    char *body = fmt("{\"protocol\": 3%s%s}", extra ? ", " : "", extra ? extra : "");
+    long long before = (long long)time(NULL) * 1000;
+    json_t *o = call_ok(&shared, "OpenSession", body);
+    long long after = (long long)time(NULL) * 1000 + 1000;
+    free(body);
+    long long expires = strtoll(jstr(o, "expiresUnixMs"), NULL, 10);
+    if (expires < before + lifetime_ms - 1000 || expires > after + lifetime_ms)
+        fail_msg("%s: expires %lld ms from now, want %lld", extra ? extra : "{}",
+                 expires - before, lifetime_ms);
+    assert_int_equal(json_integer_value(json_object_get(o, "idleTimeoutMs")), idle_ms);
+    session s = {.calls = 0};
+    snprintf(s.id, sizeof s.id, "%s", jstr(o, "sessionId"));
+    snprintf(s.fp, sizeof s.fp, "%s", jstr(o, "session"));
+    json_decref(o);
+    close_expect(&shared, &s, "SESSION_END_CLOSED");
+}
+
+/* The shared daemon keeps the defaults: lifetime 30 min, idle 5 min. */
+static void test_D09_lifetime_and_idle_are_the_lesser_of_configured_and_requested(void **state)
+{
+    (void)state;
+    open_expect_limits(NULL, 1800000, 300000);
+    open_expect_limits("\"lifetimeMs\": 5000", 5000, 300000);
+    open_expect_limits("\"lifetimeMs\": 43200000", 1800000, 300000);  /* 12 h asked */
+    open_expect_limits("\"idleTimeoutMs\": 60000", 1800000, 60000);
+    open_expect_limits("\"idleTimeoutMs\": 600000", 1800000, 300000);
+    open_expect_limits("\"idleTimeoutMs\": 200", 1800000, 1000);       /* floored at 1 s */
+}
+
 static void test_D01_open_answers_a_capability_and_its_fingerprint_never_logged(void **state)
 {
     (void)state;
@@ -1673,7 +1705,10 @@ static void test_E06_the_request_id_is_echoed_only_when_well_formed(void **state
 
 /* ================================================================ process */
 
-static int run_sandboxd(const char *const *args)
+/* Runs $BUILD/sandboxd with args; its stdout goes to `out` (up to cap - 1 bytes,
+ * NUL-terminated) when out is not NULL, else with stderr to /dev/null.  Returns its
+ * exit code. */
+static int run_sandboxd_out(const char *const *args, char *out, size_t cap)
 {
     const char *build = getenv("BUILD");
     char exe[300];
@@ -1683,14 +1718,27 @@ static int run_sandboxd(const char *const *args)
     for (; args[n - 1] && n < 15; n++)
         argv[n] = (char *)args[n - 1];
     argv[n] = NULL;
+    int fds[2] = {-1, -1};
+    if (out)
+        assert_int_equal(pipe(fds), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
-        if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+        if (null < 0 || dup2(out ? fds[1] : null, 1) < 0 || dup2(null, 2) < 0)
             _exit(127);
         execv(exe, argv);
         _exit(127);
+    }
+    if (out) {
+        close(fds[1]);
+        size_t len = 0;
+        ssize_t got;
+        /* until the daemon exits and its end of the pipe closes */
+        while (len < cap - 1 && (got = read(fds[0], out + len, cap - 1 - len)) > 0)
+            len += (size_t)got;
+        out[len] = '\0';
+        close(fds[0]);
     }
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid); /* each of these exits at once */
@@ -1698,7 +1746,12 @@ static int run_sandboxd(const char *const *args)
     return WEXITSTATUS(status);
 }
 
-static void test_cli_bad_flags_and_token_files_exit_2(void **state)
+static int run_sandboxd(const char *const *args)
+{
+    return run_sandboxd_out(args, NULL, 0);
+}
+
+static void test_D19_cli_bad_flags_and_token_files_exit_2(void **state)
 {
     (void)state;
     char dir[] = "/tmp/sbxcli.XXXXXX";
@@ -1721,6 +1774,13 @@ static void test_cli_bad_flags_and_token_files_exit_2(void **state)
          NULL},
         {"--listen", L, "--token-file", good, "--provider", "echo", "--bogus", NULL},
         {"--token-file", good, "--provider", "echo", NULL},
+        /* D19: no call may run longer than the daemon-wide ceiling of 5 minutes */
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--cell-timeout-max-ms",
+         "300001", NULL},
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--snippet-timeout-max-ms",
+         "300001", NULL},
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--cell-timeout-ms",
+         "300001", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (run_sandboxd(cases[i]) != 2)
@@ -1732,6 +1792,25 @@ static void test_cli_bad_flags_and_token_files_exit_2(void **state)
     rmdir(dir);
     free(empty);
     free(good);
+}
+
+/* --version: exit 0 and one line on stdout, "sandboxd X.Y.Z (plimsoll protocol 3)". */
+static void test_cli_version_exits_0_and_prints_the_version(void **state)
+{
+    (void)state;
+    char out[512];
+    const char *version[] = {"--version", NULL};
+    assert_int_equal(run_sandboxd_out(version, out, sizeof out), 0);
+    unsigned major, minor, patch, protocol;
+    int end = -1;
+    if (sscanf(out, "sandboxd %u.%u.%u (plimsoll protocol %u)\n%n", &major, &minor, &patch,
+               &protocol, &end) != 4 || end != (int)strlen(out) || out[end - 1] != '\n')
+        fail_msg("--version printed \"%s\"", out);
+    assert_int_equal(protocol, 3); /* the protocol the daemon's Describe states */
+    /* Nothing else runs with it: no listener, no token file needed. */
+    const char *both[] = {"--version", "--provider", "echo", NULL};
+    assert_int_equal(run_sandboxd_out(both, out, sizeof out), 0);
+    assert_non_null(strstr(out, "sandboxd "));
 }
 
 static void test_D53_sigterm_ends_sessions_as_shutdown_and_exits_0(void **state)
@@ -1805,6 +1884,7 @@ int main(void)
         cmocka_unit_test(test_D16_an_unanswered_call_carries_a_chained_v3_record),
         cmocka_unit_test(test_D21_S14_a_session_nobody_named_ends_unclaimed),
         cmocka_unit_test(test_D23_D59_an_ended_session_keeps_a_tombstone_for_its_close),
+        cmocka_unit_test(test_D09_lifetime_and_idle_are_the_lesser_of_configured_and_requested),
         cmocka_unit_test(test_D45_D48_the_owner_cap_replaces_the_least_recently_used_idle_session),
         cmocka_unit_test(test_D46_an_owner_cap_without_an_idle_session_is_refused_capacity),
         cmocka_unit_test(test_D57_D58_echo_counters_and_magic_cells),
@@ -1814,7 +1894,8 @@ int main(void)
         cmocka_unit_test(test_W14_a_tls_handshake_gets_a_cleartext_400),
         cmocka_unit_test(test_E20_a_missing_or_unknown_token_is_unauthenticated_marked_permission),
         cmocka_unit_test(test_E06_the_request_id_is_echoed_only_when_well_formed),
-        cmocka_unit_test(test_cli_bad_flags_and_token_files_exit_2),
+        cmocka_unit_test(test_D19_cli_bad_flags_and_token_files_exit_2),
+        cmocka_unit_test(test_cli_version_exits_0_and_prints_the_version),
         cmocka_unit_test(test_D53_sigterm_ends_sessions_as_shutdown_and_exits_0),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
