@@ -108,7 +108,7 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(TESTLIB_OBJ) $(BUILD)/libpli
 
 test: deps
 	@$(MAKE) --no-print-directory all tests
-	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(TEST_SH)
+	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(FUZZ_REPLAY) $(TEST_SH)
 
 tests: $(TEST_BIN)
 
@@ -130,7 +130,8 @@ check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT="-O1 -g $(SAN)" \
 	  LDFLAGS="$(SAN)" all tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) $(TEST_SH)
+	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) \
+	  $(FUZZ_REPLAY:$(BUILD)/%=build-asan/%) $(TEST_SH)
 
 # Memcheck over the C test programs: any error or definite leak fails the run.
 check-valgrind: deps
@@ -158,13 +159,39 @@ build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib $(FUZZ_CFLAGS_$*) \
 	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lev -lm
 
+# Inputs kept in tests/fuzz/regressions/<name> (crashes found before) seed the run too.
+# A crash is copied there, so that once fixed it stays a regression input `make test`
+# replays; the fuzzer stops at the first one.
 fuzz: deps $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/found-$$n; \
-	  echo "== fuzz $$n for $(FUZZ_SECONDS) s"; \
+	  r=tests/fuzz/regressions/$$n; echo "== fuzz $$n for $(FUZZ_SECONDS) s"; \
 	  $$f -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=build-fuzz/found-$$n/ \
-	    build-fuzz/found-$$n tests/fuzz/corpus/$$n >build-fuzz/$$n.log 2>&1 \
-	  || { tail -30 build-fuzz/$$n.log; echo "fuzz $$n: crash, see build-fuzz/found-$$n"; exit 1; }; \
+	    build-fuzz/found-$$n tests/fuzz/corpus/$$n $$([ -d $$r ] && echo $$r) \
+	    >build-fuzz/$$n.log 2>&1 \
+	  || { tail -30 build-fuzz/$$n.log; \
+	       a=$$(sed -n 's/.*Test unit written to \(build-fuzz\/found-[^ ]*\/\(crash\|leak\|timeout\|oom\)-[^ ]*\).*/\1/p' build-fuzz/$$n.log); \
+	       if [ -n "$$a" ]; then mkdir -p $$r && cp $$a $$r/ && \
+	         echo "fuzz $$n: crash, input saved as" $$(for x in $$a; do echo $$r/$${x##*/}; done); \
+	         echo "  fix the bug; \`make test\` then replays it for good (build-fuzz/found-$$n: the rest)"; \
+	       else echo "fuzz $$n: crash, no input written; see build-fuzz/$$n.log"; fi; exit 1; }; \
 	  tail -1 build-fuzz/$$n.log; done
+
+# The same harnesses without the fuzzer, run by `make test` (and so under check-asan,
+# with its compiler and sanitizers): tests/fuzz/replay.c calls each on every input of
+# corpus/<name> and regressions/<name>, so a crash once fixed stays fixed.  Built with
+# the project's CC and flags (warnings and all), from the objects the rest shares;
+# the harness is compiled here for its FUZZ_CFLAGS_, and depends on the sources of
+# runtime/ and sandboxd/ too because some #include the files they test.
+FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzzreplay/%)
+$(foreach h,$(FUZZ_SRC:tests/fuzz/%.c=%),$(eval \
+  $(BUILD)/fuzzreplay/$(h): $(FUZZ_SRCS_$(h):%.c=$(BUILD)/obj/%.o)))
+$(BUILD)/fuzzreplay/%: tests/fuzz/%.c tests/fuzz/replay.c $(BUILD)/libplimsoll.a \
+                       $(wildcard lib/*.h runtime/*.[ch] sandboxd/*.[ch])
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(FUZZ_CFLAGS_$*) $(CFLAGS) -DREPLAY_NAME='"$*"' \
+	  -DREPLAY_DIR='"$(CURDIR)/tests/fuzz"' -o $@ $< tests/fuzz/replay.c \
+	  $(FUZZ_SRCS_$*:%.c=$(BUILD)/obj/%.o) $(BUILD)/libplimsoll.a $(LDFLAGS) $(FUZZ_LIBS_$*) $(LDLIBS)
+tests: $(FUZZ_REPLAY)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig

@@ -161,6 +161,12 @@ static void play_script(json_t *script, uint64_t pick)
   berth_model_free(m);
 }
 
+/* The scratch directory goes when the process ends (make test replays every run). */
+static void remove_dir(void)
+{
+  rmdir(dir);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   if (!loop) {
@@ -168,6 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(dir, sizeof dir, "/tmp/fuzz_scripted.XXXXXX");
     if (!loop || !mkdtemp(dir))
       abort();
+    atexit(remove_dir);
   }
   size_t lead = 0;
   while (lead < size && (data[lead] == ' ' || data[lead] == '\n' || data[lead] == '\t'))
