@@ -47,7 +47,8 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # Keep intermediate objects: test programs share them, and builds may overlap.
 .SECONDARY:
 
-.PHONY: all deps test demo bench install clean check-asan check-valgrind fuzz
+FORCE:
+.PHONY: FORCE all deps test demo bench install clean check-asan check-valgrind fuzz
 RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/berth) \
               $(if $(MOD_SRC),$(BUILD)/lua/plimsoll.so) $(EXAMPLE_BIN)
 all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/plimsoll.pc $(RT_TARGETS)
@@ -92,7 +93,11 @@ $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 $(BUILD)/libplimsoll.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libplimsoll.so.0 -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/plimsoll.pc: lib/plimsoll.pc.in
+# The prefix is part of the file: remade whenever PREFIX differs from the one it holds,
+# so `make` then `make install PREFIX=/opt/x` installs a .pc that points at /opt/x.
+PC_STALE := $(shell grep -qx 'prefix=$(PREFIX)' $(BUILD)/plimsoll.pc 2>/dev/null || echo FORCE)
+$(BUILD)/plimsoll.pc: lib/plimsoll.pc.in $(PC_STALE)
+	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
 $(BUILD)/sandboxd: $(SBX_OBJ) $(BUILD)/libplimsoll.a
