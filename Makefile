@@ -21,7 +21,7 @@ MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
-        lua-busted gnuplot-nox
+        lua-busted lua-check gnuplot-nox
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)

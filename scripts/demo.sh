@@ -27,22 +27,16 @@ umask 077
 od -An -N24 -tx1 /dev/urandom | tr -d ' \n' > "$work/token"
 echo >> "$work/token"
 
+# sandboxd prints one `listening URL` line once it serves: read it from a FIFO, which
+# blocks until the line is there and ends at once if the daemon dies first.
+mkfifo "$work/daemon.out"
 "$BUILD/sandboxd" --listen 127.0.0.1:0 --token-file "$work/token" --provider "$provider" \
     > "$work/daemon.out" 2> "$work/daemon.log" &
 daemon_pid=$!
-
-# Wait for its one `listening URL` line: bounded, and over as soon as it is there or
-# the daemon died.
+exec 3< "$work/daemon.out"
 url=
-i=0
-while [ $i -lt 600 ]; do
-    url=$(sed -n 's/^listening //p' "$work/daemon.out")
-    [ -n "$url" ] && break
-    kill -0 "$daemon_pid" 2>/dev/null || break
-    sleep 0.1
-    i=$((i + 1))
-done
-if [ -z "$url" ]; then
+IFS= read -r line <&3 && url=${line#listening }
+if [ -z "$url" ] || [ "$url" = "$line" ]; then
     echo "demo: sandboxd --provider $provider did not start:" >&2
     cat "$work/daemon.log" >&2
     exit 1

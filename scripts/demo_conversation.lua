@@ -1,8 +1,9 @@
 -- demo_conversation.lua — the conversation `make demo` replays (berth replay).
 --
 -- Turn 1 defines a variable and writes a file; turn 2 uses both (same sandbox, same
--- interpreter); then the conversation idles, suspends and its sandbox is disposed;
--- turn 3 finds a fresh sandbox (freshSandbox), sees what was lost and rebuilds; the
+-- interpreter) and makes a cell fail, which the model sees as a result; then the
+-- conversation idles, its idle timer suspends it and its sandbox is disposed; turn 3
+-- finds a fresh sandbox (freshSandbox), sees what was lost and rebuilds; the
 -- conversation completes and the sandbox is disposed again.
 --
 -- Expectations outside a provider block hold for every provider.  `echo` blocks hold
@@ -47,12 +48,25 @@ print(open("notes.txt").read(), end="")]],
               real = { stdout = "42\nx is 41\n" },
             },
           } },
-        { say = "x + 1 is 42, and the note says \"x is 41\"." },
+        -- A guest error is a result for the model, not an agent error: the cell fails,
+        -- the interpreter and its state live on.
+        { say = "x + 1 is 42, and the note says \"x is 41\". Dividing x by zero:",
+          call = {
+            language = "python",
+            code = "x / 0",
+            expect = {
+              stateKept = true, freshSandbox = false, freshInterpreter = false,
+              echo = { exitCode = 0, stdoutContains = "python 3: x / 0" },
+              real = { exitCode = 1, stderrContains = "ZeroDivisionError" },
+            },
+          } },
+        { say = "That raises ZeroDivisionError, and x is still 41." },
       },
     },
-    -- No message for a while: the conversation suspends and onSuspend disposes the
-    -- sandbox (berth replay suspends at once instead of waiting out the idle timeout).
-    { idle = true },
+    -- No message for a while: the idle timer (idleTimeout, 3 s in replay) suspends the
+    -- conversation and onSuspend disposes the sandbox.  `idle = true` would suspend at
+    -- once instead.
+    { idle = "wait" },
     {
       user = "Is x still 41?",
       replies = {

@@ -7,24 +7,7 @@
 set -u
 BUILD=${BUILD:-build}
 B="$BUILD/berth"
-work=$(mktemp -d "${TMPDIR:-/tmp}/berth-test-demo.XXXXXX") || exit 1
-trap 'rm -rf "$work"' EXIT
-
-passed=0
-failed_names=""
-run() {   # run NAME: the test function test_NAME
-    name=$1
-    echo "[ RUN      ] $name"
-    if "test_$name" > "$work/$name.log" 2>&1; then
-        echo "[       OK ] $name"
-        passed=$((passed + 1))
-    else
-        sed 's/^/    /' "$work/$name.log" | tail -40
-        echo "[  FAILED  ] $name"
-        failed_names="$failed_names $name"
-    fi
-}
-has() { grep -qF -- "$2" "$1" || { echo "missing in $1: $2"; return 1; }; }
+. tests/lib/shtest.sh
 
 test_help_and_version() {
     "$B" --help | grep -q '^usage: berth COMMAND' || return 1
@@ -38,11 +21,13 @@ test_help_and_version() {
     "$B" replay 2>/dev/null; [ $? -eq 2 ] || return 1
 }
 
-test_make_demo_script() {
+test_H06_H11_H12_make_demo_script() {
     BUILD=$BUILD sh scripts/demo.sh > "$work/demo.out" 2>&1 || { cat "$work/demo.out"; return 1; }
     cat "$work/demo.out"
     has "$work/demo.out" "== turn 3 ==" &&
+    has "$work/demo.out" "== idle (waiting for the idle timeout) ==" &&
     has "$work/demo.out" "-- idle: the conversation suspended (onSuspend ran) --" &&
+    has "$work/demo.out" "check ok: call_2_2_1: stderr contains \"ZeroDivisionError\"" &&
     has "$work/demo.out" "-- the conversation completed (onComplete ran) --" &&
     has "$work/demo.out" "check ok: call_3_1_1: freshSandbox = true" &&
     has "$work/demo.out" "check ok: call_2_1_1: freshSandbox = false" &&
@@ -144,7 +129,7 @@ LUA
 }
 
 test_busted_specs_through_berth_lua() {
-    [ -x /usr/bin/busted ] || { echo "busted not installed: skipped"; return 0; }
+    [ -x /usr/bin/busted ] || { echo "busted is not installed (make deps installs lua-busted)"; return 1; }
     "$B" lua /usr/bin/busted --output=plainTerminal tests/spec > "$work/busted.out" 2>&1
     rc=$?
     cat "$work/busted.out"
@@ -153,19 +138,9 @@ test_busted_specs_through_berth_lua() {
 
 test_stock_lua_module() {
     [ -f "$BUILD/lua/plimsoll.so" ] || { echo "$BUILD/lua/plimsoll.so not built"; return 1; }
-    command -v lua5.4 > /dev/null || { echo "lua5.4 not installed: skipped"; return 0; }
+    command -v lua5.4 > /dev/null || { echo "lua5.4 is not installed (make deps)"; return 1; }
     od -An -N24 -tx1 /dev/urandom | tr -d ' \n' > "$work/mod.token"
-    "$BUILD/sandboxd" --listen 127.0.0.1:0 --token-file "$work/mod.token" --provider echo \
-        > "$work/mod.daemon" 2> "$work/mod.daemon.log" &
-    pid=$!
-    url=
-    i=0
-    while [ $i -lt 100 ] && [ -z "$url" ] && kill -0 $pid 2>/dev/null; do  # bounded
-        url=$(sed -n 's/^listening //p' "$work/mod.daemon")
-        [ -n "$url" ] || sleep 0.1
-        i=$((i + 1))
-    done
-    [ -n "$url" ] || { cat "$work/mod.daemon.log"; kill $pid; return 1; }
+    start_sandboxd mod.daemon --token-file "$work/mod.token" --provider echo || return 1
     # A sanitizer build of the module needs its runtime loaded before stock lua5.4 starts
     # (check-asan); leaks are lua5.4's business there, not the module's.
     preload=
@@ -182,7 +157,7 @@ test_stock_lua_module() {
 }
 
 run help_and_version
-run make_demo_script
+run H06_H11_H12_make_demo_script
 run replay_starts_its_own_daemon
 run replay_fails_on_a_broken_expectation
 run replay_fails_on_a_hook_error
@@ -193,11 +168,4 @@ run lua_with_a_local_daemon
 run busted_specs_through_berth_lua
 run stock_lua_module
 
-echo "[  PASSED  ] $passed test(s)."
-if [ -n "$failed_names" ]; then
-    n=$(echo $failed_names | wc -w)
-    echo "[  FAILED  ] $n test(s), listed below:"
-    for f in $failed_names; do echo "[  FAILED  ] $f"; done
-    exit 1
-fi
-exit 0
+finish

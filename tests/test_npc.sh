@@ -1,43 +1,35 @@
 #!/bin/sh
 # test_npc.sh — the NPC game-server example (runtime/examples/npc_server.c with
-# scripts/npc.lua and scripts/npc_model.lua) at a small scale against a real sandboxd
-# (provider echo), and `berth serve --help`.  Prints cmocka-style summary lines for
-# tests/run.sh.
+# scripts/npc.lua and scripts/npc_model.lua) with 200 NPCs against a real sandboxd
+# (provider echo), its --help and --version, and `berth serve --help`.  Prints
+# cmocka-style summary lines for tests/run.sh.
 set -u
 BUILD=${BUILD:-build}
 NPC="$BUILD/examples/npc_server"
-work=$(mktemp -d "${TMPDIR:-/tmp}/berth-test-npc.XXXXXX") || exit 1
-trap 'rm -rf "$work"' EXIT
+. tests/lib/shtest.sh
 
-passed=0
-failed_names=""
-run() {   # run NAME: the test function test_NAME
-    name=$1
-    echo "[ RUN      ] $name"
-    if "test_$name" > "$work/$name.log" 2>&1; then
-        echo "[       OK ] $name"
-        passed=$((passed + 1))
-    else
-        sed 's/^/    /' "$work/$name.log" | tail -40
-        echo "[  FAILED  ] $name"
-        failed_names="$failed_names $name"
-    fi
-}
-has() { grep -qE -- "$2" "$1" || { echo "missing in $1: $2"; return 1; }; }
-
-# 20 NPCs, 20 ticks: every line answered, every cell answered, every NPC completed.
-test_small_game_against_sandboxd() {
-    "$NPC" --npcs 20 --ticks 20 --tick-ms 20 --lines-per-tick 3 \
-        --sandboxd "$BUILD/sandboxd" --provider echo > "$work/small.out" 2>&1
+# 200 NPCs (the scale), 50 ticks of 20 ms, 20 lines per tick (the default,
+# npcs / 10): every line answered, every cell answered, every NPC completed.  The local
+# sandboxd holds 56 sandboxes, so NPCs lose theirs to others and rebuild their memory:
+# every line is one cell and every rebuild one more.
+test_200_npcs_against_sandboxd() {
+    "$NPC" --npcs 200 --ticks 50 --tick-ms 20 \
+        --sandboxd "$BUILD/sandboxd" --provider echo > "$work/game.out" 2>&1
     rc=$?
-    cat "$work/small.out"
+    tail -8 "$work/game.out"
     [ $rc -eq 0 ] || { echo "exit status $rc"; return 1; }
-    has "$work/small.out" "^npc_server: 20 NPCs, 20 ticks of 20 ms, 3 lines per tick" &&
-    has "$work/small.out" ": 60 lines, 60 turns \(0 failed, 0 lost\), [0-9]+ cells \(0 failed\), 0 hook errors" &&
-    has "$work/small.out" "20 NPCs completed" &&
-    has "$work/small.out" "turn latency p50 [0-9.]+ ms, p99 [0-9.]+ ms" &&
-    has "$work/small.out" "^  \[tick   0\] [a-z]+ → [A-Za-z]+-[0-9]+: " &&
-    has "$work/small.out" "^npc_server: ok$"
+    has_re "$work/game.out" "^npc_server: 200 NPCs, 50 ticks of 20 ms, 20 lines per tick" &&
+    has_re "$work/game.out" ": 1000 lines, 1000 turns \(0 failed, 0 lost\), [0-9]+ cells \(0 failed\), 0 hook errors" &&
+    has_re "$work/game.out" "200 NPCs completed" &&
+    has_re "$work/game.out" "turn latency p50 [0-9.]+ ms, p99 [0-9.]+ ms" &&
+    has_re "$work/game.out" "memory: RSS [0-9]+ KiB .*, Lua state [0-9.]+ KiB \([0-9]+ B per NPC" &&
+    has_re "$work/game.out" "^  \[tick   0\] [a-z]+ → [A-Za-z]+-[0-9]+: " &&
+    has_re "$work/game.out" "^  \[tick  40\] [a-z]+ → [A-Za-z]+-[0-9]+: " &&
+    has_re "$work/game.out" "^npc_server: ok$" || return 1
+    n=$(sed -n 's/.*, \([0-9]*\) memories rebuilt.*/\1/p' "$work/game.out")
+    [ "${n:-0}" -gt 0 ] || { echo "no memory was rebuilt with 56 sandboxes for 200 NPCs"; return 1; }
+    cells=$(sed -n 's/.* turns ([^)]*), \([0-9]*\) cells.*/\1/p' "$work/game.out")
+    [ "$cells" -eq $((1000 + n)) ] || { echo "cells $cells != 1000 + $n"; return 1; }
 }
 
 # With room for 3 sandboxes among 12 NPCs, sandboxes are closed for others: the NPCs
@@ -48,7 +40,7 @@ test_sandbox_cap_rebuilds_memories() {
     rc=$?
     cat "$work/cap.out"
     [ $rc -eq 0 ] || { echo "exit status $rc"; return 1; }
-    has "$work/cap.out" ": 60 lines, 60 turns \(0 failed, 0 lost\)" || return 1
+    has_re "$work/cap.out" ": 60 lines, 60 turns \(0 failed, 0 lost\)" || return 1
     n=$(sed -n 's/.*, \([0-9]*\) memories rebuilt.*/\1/p' "$work/cap.out")
     [ "${n:-0}" -gt 0 ] || { echo "no memory was rebuilt"; return 1; }
     # every line is one cell, every rebuild one more
@@ -69,22 +61,25 @@ test_idle_npcs_suspend() {
 
 test_usage() {
     "$NPC" --help | grep -q '^usage: npc_server' || return 1
+    "$NPC" --help | grep -q -- '--version' || { echo "--help does not list --version"; return 1; }
+    # --version names the same berth version as `berth --version`
+    v=$("$NPC" --version) || { echo "--version failed"; return 1; }
+    echo "$v"
+    want=$("$BUILD/berth" --version | sed -n 's/^berth \([^ ]*\) (\(libplimsoll [^,]*\),.*/berth \1, \2/p')
+    [ -n "$want" ] || { echo "cannot read berth --version"; return 1; }
+    case "$v" in
+        "npc_server ($want, protocol "*) ;;
+        *) echo "npc_server --version \"$v\" does not say \"$want\""; return 1 ;;
+    esac
     "$NPC" --no-such-flag 2>/dev/null; [ $? -eq 2 ] || { echo "a bad flag should exit 2"; return 1; }
     "$BUILD/berth" serve --help | grep -q '^usage: berth serve' || return 1
     "$BUILD/berth" serve --listen 127.0.0.1:0 2>/dev/null; [ $? -eq 2 ] || return 1
     "$BUILD/berth" --help | grep -q 'serve' || return 1
 }
 
-run small_game_against_sandboxd
+run 200_npcs_against_sandboxd
 run sandbox_cap_rebuilds_memories
 run idle_npcs_suspend
 run usage
 
-echo "[  PASSED  ] $passed test(s)."
-if [ -n "$failed_names" ]; then
-    n=$(echo $failed_names | wc -w)
-    echo "[  FAILED  ] $n test(s), listed below:"
-    for f in $failed_names; do echo "[  FAILED  ] $f"; done
-    exit 1
-fi
-exit 0
+finish

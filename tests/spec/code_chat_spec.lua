@@ -74,6 +74,28 @@ describe("code_chat", function()
     assert.equal("It is 42.", c.events[#c.events][2])
   end)
 
+  -- H17: what the system prompt the model receives tells it to do.
+  it("H17: sends a system prompt on Python, loading once, stateKept, rebuilding", function()
+    local sent
+    _G.sandbox = {tool = function() return {type = "function"} end}
+    _G.model = {chat = function(req)
+      sent = req.messages[1]
+      return {role = "assistant", content = "ok"}
+    end}
+    hooks.onTurn(ctx(), "hi")
+    assert.equal("system", sent.role)
+    local text = sent.content:gsub("%s+", " ")
+    for _, phrase in ipairs{
+      "Python for arithmetic and for any work on data",
+      "Load data once and keep it in variables",
+      "while a result says stateKept, your variables",
+      "freshInterpreter, the interpreter was restarted: rebuild the variables",
+      "freshSandbox, the files you wrote earlier are gone too",
+    } do
+      assert.truthy(text:find(phrase, 1, true), "the system prompt lacks: " .. phrase)
+    end
+  end)
+
   it("turns bad arguments and infrastructure failures into tool errors", function()
     _G.sandbox = {
       tool = function() return {} end,
@@ -122,7 +144,8 @@ end)
 
 describe("json (berth's own, jansson-backed)", function()
   it("keeps integers, [] and {} apart", function()
-    assert.equal('{"a":[],"b":{},"n":[1,2.5]}', json.encode(json.decode('{"b":{},"a":[],"n":[1,2.5]}')))
+    local decoded = json.decode('{"b":{},"a":[],"n":[1,2.5]}')
+    assert.equal('{"a":[],"b":{},"n":[1,2.5]}', json.encode(decoded))
     assert.equal("integer", math.type(json.decode("[1]")[1]))
   end)
 end)
