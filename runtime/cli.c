@@ -59,7 +59,8 @@ static const char replay_usage[] =
   "  --idle-timeout SECONDS   idle time before a conversation suspends (default: the\n"
   "                           script's idleTimeout, else 3)\n"
   "  --minimum-isolation TIER the floor: process, container, kernel or vm (default\n"
-  "                           container, for local development; production: kernel)\n"
+  "                           container for a daemon over http on this machine, kernel\n"
+  "                           for one over https)\n"
   "  --time-limit SECONDS     give up after this long (default 600)\n"
   "  --verbose                show the daemon's log and debug lines\n"
   "  --help, --version\n";
@@ -81,7 +82,7 @@ static const char chat_usage[] =
   "  --sandboxd PATH, --provider NAME\n"
   "                           the local sandboxd (as for replay)\n"
   "  --idle-timeout SECONDS   idle time before the conversation suspends (default 30)\n"
-  "  --minimum-isolation TIER (default container)\n"
+  "  --minimum-isolation TIER (default container over http, kernel over https)\n"
   "  --verbose, --help, --version\n";
 
 static const char lua_usage[] =
@@ -98,7 +99,7 @@ static const char lua_usage[] =
   "  --sandboxd PATH, --provider NAME\n"
   "                           start a local sandboxd instead\n"
   "  --model SPEC             a model for model.chat (scripted:FILE, openai[:NAME])\n"
-  "  --minimum-isolation TIER (default container)\n"
+  "  --minimum-isolation TIER (default container over http, kernel over https)\n"
   "  --verbose, --help, --version\n";
 
 typedef struct opts {
@@ -467,7 +468,7 @@ static int cmd_replay(int argc, char **argv)
   ho.idle_timeout = o.idle;
   ho.daemon_url = c.url;
   ho.daemon_token = c.token;
-  ho.minimum_isolation = o.min_iso ? o.min_iso : "container";
+  ho.minimum_isolation = o.min_iso ? o.min_iso : berth_default_floor(ho.daemon_url);
   ho.timeout_ms = CALL_TIMEOUT_MS;
   ho.model = r.model;
   ho.on_event = replay_event;
@@ -696,7 +697,7 @@ static int cmd_chat(int argc, char **argv)
     ho.idle_timeout = o.idle;
   ho.daemon_url = cn.url;
   ho.daemon_token = cn.token;
-  ho.minimum_isolation = o.min_iso ? o.min_iso : "container";
+  ho.minimum_isolation = o.min_iso ? o.min_iso : berth_default_floor(ho.daemon_url);
   ho.timeout_ms = CALL_TIMEOUT_MS;
   ho.model = model;
   ho.on_event = chat_event;
@@ -800,7 +801,7 @@ static int cmd_lua(int argc, char **argv)
   ho.lib_dir = scripts;
   ho.daemon_url = cn.url;
   ho.daemon_token = cn.token;
-  ho.minimum_isolation = o.min_iso ? o.min_iso : "container";
+  ho.minimum_isolation = o.min_iso ? o.min_iso : berth_default_floor(ho.daemon_url);
   ho.model = model;
   ho.log = cli_log;
   ho.log_ud = &o;

@@ -34,6 +34,11 @@ char *berth_serve_message_body(const char *body, size_t len, json_t **out,
  * the executable (../scripts, ../share/berth/scripts).  malloc'd, or NULL. */
 char *berth_find_scripts_dir(void);
 
+/* The floor a face uses without --minimum-isolation: "container" for a daemon reached
+ * over cleartext http, which the client allows only to loopback (a daemon on this
+ * machine: local development), else "kernel" (https: a production daemon). */
+const char *berth_default_floor(const char *daemon_url);
+
 /* {====================================================== local daemon */
 
 typedef struct berth_daemon {

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/wait.h>
@@ -203,4 +204,9 @@ void berth_daemon_stop(berth_daemon *d)
     unlink(d->token_file);
     d->token_file[0] = '\0';
   }
+}
+
+const char *berth_default_floor(const char *daemon_url)
+{
+  return daemon_url && strncasecmp(daemon_url, "http://", 7) == 0 ? "container" : "kernel";
 }

@@ -202,15 +202,29 @@ static int l_warm(lua_State *L)
   berth_host *h = berth_host_of(L);
   const char *run = luaL_checkstring(L, 1);
   const char *user = luaL_optstring(L, 2, NULL);
+  plm_key key = {user ? user : berth_owner_get(h, run), run};
+  plm_error *e;
+  /* T16, X05: an empty run id or userId is refused at once, before anything is
+   * recorded and whether or not a daemon is configured, as executeCode refuses it
+   * (invalid_argument marked request, so the code is "request").  The layer's own key
+   * check gives the message; it runs before the layer looks at anything else. */
+  if (!*run || (user && !*user)) {
+    e = plm_sandboxes_warm(h->sandboxes, &key);
+    if (!e)                     /* cannot happen: the key is invalid */
+      return plmlua_push_fail(L, "plimsoll: a sandbox key is a nonempty string, or a "
+                                 "nonempty owner and conversation", "request");
+    int n = plmlua_push_error(L, e);
+    plm_error_free(e);
+    return n;
+  }
   berth_task *t = berth_current_task(h);
   if (t && t->conv)
     berth_conv_set_warmed(t->conv, run);
-  if (user && *user && *run)
+  if (user)
     owner_set(h, run, user);
   if (!h->sandboxes)
     return env_fail(L, h->env_error);
-  plm_key key = {user && *user ? user : berth_owner_get(h, run), run};
-  plm_error *e = plm_sandboxes_warm(h->sandboxes, &key);
+  e = plm_sandboxes_warm(h->sandboxes, &key);
   if (e) {
     int n = plmlua_push_error(L, e);
     plm_error_free(e);
@@ -246,12 +260,16 @@ static int l_dispose(lua_State *L)
 {
   berth_host *h = berth_host_of(L);
   const char *run = luaL_checkstring(L, 1);
+  const char *user = luaL_optstring(L, 2, NULL);
   if (!h->sandboxes)
     return env_fail(L, h->env_error);
   dispose_op *d = berth_op_push(L, sizeof *d, &dispose_class);
   int idx = lua_gettop(L);
-  char *owner = owner_take(h, run);  /* dispose forgets the owner (H07) */
-  plm_key key = {owner, run};
+  /* The run's recorded owner, forgotten (H07); a userId names the key as executeCode's
+   * userId did, and forgets the record only when it is that user's. */
+  const char *recorded = berth_owner_get(h, run);
+  char *owner = !user || (recorded && strcmp(recorded, user) == 0) ? owner_take(h, run) : NULL;
+  plm_key key = {user ? user : owner, run};
   plm_error *e = plm_sandboxes_dispose(h->sandboxes, &key, dispose_done, d);
   free(owner);
   if (!e)

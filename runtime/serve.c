@@ -53,6 +53,10 @@
 #include <ev.h>
 
 #define DEFAULT_MAX_CONVERSATIONS 10000
+/* With two or more callers, each may hold at most 1/DEFAULT_PER_CALLER_SHARE of
+ * --max-conversations (rounded up), so that no caller can fill the server and lock the
+ * others out. */
+#define DEFAULT_PER_CALLER_SHARE 2
 #define DEFAULT_MAX_TURNS 256
 #define DEFAULT_MAX_QUEUED 4096
 #define DEFAULT_MAX_BODY (1024 * 1024)
@@ -80,7 +84,9 @@ static const char serve_usage[] =
   "                                   (neither: $PLIMSOLL_URL and $PLIMSOLL_TOKEN, else\n"
   "                                   no daemon: tool calls answer \"Nothing ran\")\n"
   "  --max-conversations N            open conversations (default 10000)\n"
-  "  --max-conversations-per-caller N (default: no cap)\n"
+  "  --max-conversations-per-caller N conversations one caller may hold; 0: no cap\n"
+  "                                   (default: half of --max-conversations, rounded\n"
+  "                                   up, with two or more callers; no cap with one)\n"
   "  --max-concurrent-turns N         turns running at once; more wait (default 256)\n"
   "  --max-queued-messages N          messages waiting for a turn (default 4096)\n"
   "  --max-sandboxes N                sandboxes held; idle ones closed LRU (default:\n"
@@ -89,7 +95,8 @@ static const char serve_usage[] =
   "  --idle-timeout SECONDS           idle time before a conversation suspends (30)\n"
   "  --shutdown-grace SECONDS         on SIGTERM, time running turns get to finish\n"
   "                                   before they are cancelled (default 10)\n"
-  "  --minimum-isolation TIER         the floor (default container)\n"
+  "  --minimum-isolation TIER         the floor (default container for a daemon over\n"
+  "                                   http on this machine, kernel over https)\n"
   "  --verbose, --help, --version\n"
   "\n"
   "SIGTERM or SIGINT: stop accepting, finish (or after the grace cancel) the running\n"
@@ -1335,7 +1342,7 @@ typedef struct serve_args {
   const char *listen, *token_file, *hooks, *model, *daemon, *daemon_token, *sandboxd,
              *provider, *min_iso;
   size_t max_convs, max_per_caller, max_turns, max_queued, max_body, max_sandboxes;
-  bool max_sandboxes_set, grace_set;
+  bool max_per_caller_set, max_sandboxes_set, grace_set;
   double idle, grace;
   bool verbose;
 } serve_args;
@@ -1373,7 +1380,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
       case O_PROVIDER: a->provider = optarg; break;
       case O_MIN_ISO: a->min_iso = optarg; break;
       case O_MAX_CONVS: count = &a->max_convs; break;
-      case O_MAX_PER_CALLER: count = &a->max_per_caller; break;
+      case O_MAX_PER_CALLER: count = &a->max_per_caller; a->max_per_caller_set = true; break;
       case O_MAX_TURNS: count = &a->max_turns; break;
       case O_MAX_QUEUED: count = &a->max_queued; break;
       case O_MAX_BODY: count = &a->max_body; break;
@@ -1407,6 +1414,16 @@ static int parse_args(int argc, char **argv, serve_args *a)
   if (a->max_sandboxes > 1000000)
     return usage_error("%s", "--max-sandboxes is too large");
   return -1;
+}
+
+/* Half of the conversations (of the default's when they have no cap), rounded up; none
+ * for a single caller, who can lock nobody out. */
+static size_t default_per_caller(size_t max_convs, size_t n_callers)
+{
+  if (n_callers < 2)
+    return 0;
+  size_t total = max_convs ? max_convs : DEFAULT_MAX_CONVERSATIONS;
+  return (total + DEFAULT_PER_CALLER_SHARE - 1) / DEFAULT_PER_CALLER_SHARE;
 }
 
 static int load_callers(server *s, const char *path)
@@ -1454,10 +1471,11 @@ int berth_cmd_serve(int argc, char **argv)
   memset(s, 0, sizeof *s);
   s->verbose = a.verbose;
   s->max_body = a.max_body;
-  s->max_per_caller = a.max_per_caller;
   s->listen_fd = -1;
   if (load_callers(s, a.token_file) != 0)
     return 2;
+  s->max_per_caller = a.max_per_caller_set ? a.max_per_caller
+                      : default_per_caller(a.max_convs, s->n_callers);
 
   int status = 1;
   char *scripts = berth_find_scripts_dir();
@@ -1529,7 +1547,7 @@ int berth_cmd_serve(int argc, char **argv)
     ho.idle_timeout = a.idle;
   ho.daemon_url = daemon_url;
   ho.daemon_token = daemon_token;
-  ho.minimum_isolation = a.min_iso ? a.min_iso : "container";
+  ho.minimum_isolation = a.min_iso ? a.min_iso : berth_default_floor(ho.daemon_url);
   ho.timeout_ms = CALL_TIMEOUT_MS;
   ho.model = s->model;
   ho.log = host_log;
@@ -1594,10 +1612,13 @@ int berth_cmd_serve(int argc, char **argv)
     const char *colon = strrchr(a.listen, ':');
     printf("listening http://%.*s:%u\n", (int)(colon - a.listen), a.listen, port);
     fflush(stdout);
-    slog(s, "%zu caller%s, daemon %s, model %s, limits: %zu conversations, %zu turns at "
+    char per[48] = "";
+    if (s->max_per_caller)
+      snprintf(per, sizeof per, " (%zu per caller)", s->max_per_caller);
+    slog(s, "%zu caller%s, daemon %s, model %s, limits: %zu conversations%s, %zu turns at "
             "once, %zu queued, %zu sandboxes", s->n_callers, s->n_callers == 1 ? "" : "s",
          daemon_url ? (own ? "started locally" : daemon_url) : "none",
-         a.model ? a.model : "none", a.max_convs, a.max_turns, a.max_queued,
+         a.model ? a.model : "none", a.max_convs, per, a.max_turns, a.max_queued,
          a.max_sandboxes);
   }
   ev_run(s->loop, 0);

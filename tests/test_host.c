@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <ev.h>
 
+#include "cli.h"
 #include "hosttest.h"
 #include "runtime.h"
 
@@ -138,6 +139,45 @@ static void test_memory_bomb_is_stopped(void **state)
   stop(t);
 }
 
+/* Every log line of a host whose options went through capture_logs, in order. */
+static json_t *logged;
+
+static void log_into(void *ud, berth_log_level level, const char *message)
+{
+  (void)ud;
+  (void)level;
+  json_array_append_new(logged, json_string(message));
+}
+
+static void capture_logs(berth_options *o)
+{
+  json_decref(logged);
+  logged = json_array();
+  o->log = log_into;
+  o->log_ud = NULL;
+}
+
+/* The hook's failure is logged with a Lua traceback that names the hook's file and
+ * line; the event carries the first line only. */
+static void assert_logged_traceback(const char *hook, const char *what, const char *where)
+{
+  char head[128];
+  snprintf(head, sizeof head, "%s of conversation run-e failed: ", hook);
+  const char *line = NULL;
+  size_t i;
+  json_t *l;
+  json_array_foreach(logged, i, l)
+    if (strstr(json_string_value(l), head) && strstr(json_string_value(l), what))
+      line = json_string_value(l);
+  if (!line)
+    fail_msg("no log line \"%s...%s\"", head, what);
+  const char *tb = strstr(line, "\nstack traceback:\n");
+  if (!tb)
+    fail_msg("the log line of %s has no traceback: %s", hook, line);
+  if (!strstr(tb, where))
+    fail_msg("the traceback of %s does not name %s: %s", hook, where, line);
+}
+
 static void test_error_in_each_hook(void **state)
 {
   (void)state;
@@ -157,13 +197,17 @@ static void test_error_in_each_hook(void **state)
     "function M.onSuspend(ctx) error('suspend broke') end\n"
     "function M.onComplete(ctx) error('complete broke') end\n"
     "return M\n"));
-  ht_host(t, hooks, NULL, NULL, NULL);
+  ht_host(t, hooks, NULL, NULL, capture_logs);
   t->conv = berth_conv_new(t->host, "run-e", NULL);
 
   assert_contains(turn(t, "fail"), "error object is a table value");
   assert_contains(turn(t, "nil index"), "attempt to index a nil value");
   const json_t *e = ht_event(t, "error", 1);
   assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurn");
+  /* the event has the first line; the log has the traceback, down to the hook's line */
+  assert_null(strchr(json_string_value(json_object_get(e, "message")), '\n'));
+  assert_logged_traceback("onTurn", "error object is a table value", "hooks.lua:5:");
+  assert_logged_traceback("onTurn", "attempt to index a nil value", "hooks.lua:6:");
   assert_string_equal(turn(t, "after"), "ok after");
 
   turn(t, "break start");
@@ -171,17 +215,22 @@ static void test_error_in_each_hook(void **state)
   e = ht_event(t, "error", 2);
   assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurnStart");
   assert_int_equal(ht_count(t, "assistant"), 1);
+  assert_logged_traceback("onTurnStart", "start broke", "hooks.lua:2:");
 
   berth_conv_suspend(t->conv);
   assert_true(ht_wait_events(t, "suspend", 1, WAIT));
   assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 3), "hook")),
                       "onSuspend");
+  assert_logged_traceback("onSuspend", "suspend broke", "hooks.lua:10:");
   assert_true(ht_complete(t, WAIT));
   assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 4), "hook")),
                       "onComplete");
+  assert_logged_traceback("onComplete", "complete broke", "hooks.lua:11:");
   assert_int_equal(t->completed, 1);
   assert_int_equal(berth_host_errors(t->host), 5);
   stop(t);
+  json_decref(logged);
+  logged = NULL;
 }
 
 static void test_restricted_environment(void **state)
@@ -363,6 +412,43 @@ static void test_execute_code_without_daemon_or_conversation(void **state)
   stop(t);
 }
 
+/* T16: an empty run id or userId is refused at once, as a request error (the code
+ * executeCode gives the same key), before the missing daemon is even looked at, and
+ * records nothing. */
+static void test_T16_warm_refuses_empty_ids_without_a_daemon(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  const char *refused = "nil|request|plimsoll: a sandbox key is a nonempty string, or a "
+                        "nonempty owner and conversation";
+  assert_string_equal(turn(t, "local ctx = ...\n"
+                              "local r, msg, code = sandbox.warm(ctx.runId, '')\n"
+                              "return tostring(r) .. '|' .. code .. '|' .. msg"),
+                      refused);
+  assert_string_equal(turn(t, "local r, msg, code = sandbox.warm('', 'alice')\n"
+                              "return tostring(r) .. '|' .. code .. '|' .. msg"),
+                      refused);
+  assert_string_equal(turn(t, "local r, msg, code = sandbox.warm('')\n"
+                              "return tostring(r) .. '|' .. code .. '|' .. msg"),
+                      refused);
+  /* nothing was recorded: the turn is still unwarmed, and no owner is kept */
+  assert_null(berth_conv_warmed_run_id(t->conv));
+  assert_null(berth_owner_get(t->host, "run-1"));
+  assert_null(berth_owner_get(t->host, ""));
+  assert_contains(turn(t, "local r, msg, code = sandbox.executeCode{code = '1'}\n"
+                          "return code .. '|' .. msg"),
+                  "environment|Nothing ran (environment): this turn's sandbox was never warmed");
+  /* a well-formed warm still reaches the missing daemon's refusal */
+  assert_contains(turn(t, "local ctx = ...\n"
+                          "local r, msg, code = sandbox.warm(ctx.runId, 'alice')\n"
+                          "return tostring(r) .. '|' .. code"),
+                  "nil|environment");
+  assert_string_equal(berth_owner_get(t->host, "run-1"), "alice");
+  /* misuse still raises */
+  assert_contains(turn(t, "sandbox.warm({})"), "string expected");
+  stop(t);
+}
+
 static const char chat_script[] =
   "return { turns = {\n"
   "  { user = 'hello', replies = { { say = 'hi there' } } },\n"
@@ -476,6 +562,21 @@ static void test_sighup_signal(void **state)
 
 /* }====================================================== */
 
+/* H16: the CLI faces' default floor is container only for a daemon reached over
+ * cleartext http (loopback: local development); over https it is kernel. */
+static void test_H16_default_floor_is_container_only_over_http(void **state)
+{
+  (void)state;
+  assert_string_equal(berth_default_floor("http://127.0.0.1:8080"), "container");
+  assert_string_equal(berth_default_floor("HTTP://localhost"), "container");
+  assert_string_equal(berth_default_floor("https://sandbox.example"), "kernel");
+  assert_string_equal(berth_default_floor("https://127.0.0.1:8443"), "kernel");
+  assert_string_equal(berth_default_floor(NULL), "kernel");
+  berth_options o;
+  berth_options_init(&o);
+  assert_null(o.minimum_isolation); /* the embedding API's own default: kernel (berth.h) */
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -492,10 +593,12 @@ int main(void)
     cmocka_unit_test(test_waiting_coroutine_resumed_from_another_hook),
     cmocka_unit_test(test_conversation_freed_while_waiting),
     cmocka_unit_test(test_execute_code_without_daemon_or_conversation),
+    cmocka_unit_test(test_T16_warm_refuses_empty_ids_without_a_daemon),
     cmocka_unit_test(test_model_chat_with_deltas),
     cmocka_unit_test(test_idle_timeout_suspends),
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),
     cmocka_unit_test(test_sighup_signal),
+    cmocka_unit_test(test_H16_default_floor_is_container_only_over_http),
   };
   return cmocka_run_group_tests_name("host", tests, NULL, NULL);
 }

@@ -333,6 +333,282 @@ static void test_T12_infrastructure_failure_is_a_tool_error(void **state)
 
 /* }====================================================== */
 
+/* {====================================================== T16 */
+
+/* Each refusal as "value|code|message", one per line. */
+static const char t16_hooks[] =
+  "local M = {}\n"
+  "local function line(r, msg, code)\n"
+  "  return tostring(r) .. '|' .. tostring(code) .. '|' .. tostring(msg)\n"
+  "end\n"
+  "function M.onTurn(ctx)\n"
+  "  local out = {}\n"
+  "  out[#out + 1] = line(sandbox.warm(ctx.runId, ''))\n"
+  "  out[#out + 1] = line(sandbox.warm('', 'alice'))\n"
+  "  out[#out + 1] = line(sandbox.warm(''))\n"
+  "  out[#out + 1] = line(sandbox.warm('', ''))\n"
+  /* a refused warm recorded nothing: this turn is still not warmed (H04) */
+  "  out[#out + 1] = line(sandbox.executeCode{code = '1'})\n"
+  /* executeCode refuses the same key with the same code */
+  "  out[#out + 1] = line(sandbox.executeCode{runId = ctx.runId, userId = '', code = '1'})\n"
+  "  ctx:say(table.concat(out, '\\n'))\n"
+  "end\n"
+  "return M\n";
+
+#define KEY_REFUSAL "plimsoll: a sandbox key is a nonempty string, or a nonempty owner and " \
+                    "conversation"
+
+static void test_T16_warm_with_an_empty_user_or_conversation_is_refused(void **state)
+{
+  (void)state;
+  ht *t0 = calloc(1, sizeof *t0);
+  ht_init(t0);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t0, "t16.lua", t16_hooks));
+  ht *t = start(say_only_script, hooks, NULL, NULL);
+  send_turn(t, "hi");
+  assert_int_equal(ht_count(t, "error"), 0);
+  const char *said = json_string_value(ht_event(t, "assistant", 0));
+  assert_non_null(said);
+  char *copy = strdup(said), *save = NULL;
+  const char *lines[8] = {0};
+  int n = 0;
+  for (char *l = strtok_r(copy, "\n", &save); l && n < 8; l = strtok_r(NULL, "\n", &save))
+    lines[n++] = l;
+  assert_int_equal(n, 6);
+  for (int i = 0; i < 4; i++)
+    assert_string_equal(lines[i], "nil|request|" KEY_REFUSAL);
+  assert_non_null(strstr(lines[4], "nil|environment|Nothing ran (environment): this turn's "
+                                   "sandbox was never warmed"));
+  assert_string_equal(lines[5], "nil|request|Nothing ran (request): " KEY_REFUSAL);
+  free(copy);
+  /* synchronous and before the client: nothing reached the daemon, not even Describe,
+   * and no run id or owner was recorded */
+  assert_int_equal(fwd("Describe"), 0);
+  assert_int_equal(fwd("OpenSession"), 0);
+  assert_null(berth_conv_warmed_run_id(t->conv));
+  assert_null(berth_owner_get(t->host, "run-1"));
+  assert_null(berth_owner_get(t->host, ""));
+  assert_int_equal(plm_sandboxes_count(t->host->sandboxes), 0);
+  stop(t);
+  stop(t0);
+}
+
+/* }====================================================== */
+
+/* {====================================================== H10 */
+
+/* The shipped hooks, wrapped: every value the natives return is logged and kept in a
+ * global, and
+ * after each hook the whole Lua state (from the registry: tables' keys, values and
+ * metatables, functions' upvalues, userdata's user values, threads' frames and locals)
+ * is walked and its strings emitted as one "dump" event, with the names of string
+ * fields called session* and the tool's parameter names. */
+static const char h10_hooks[] =
+  "local base = require 'code_chat'\n"
+  "local M = setmetatable({}, {__index = base})\n"
+  "H10_kept = {}\n"
+  "for _, name in ipairs{'executeCode', 'warm', 'dispose', 'tool'} do\n"
+  "  local f = sandbox[name]\n"
+  "  sandbox[name] = function(...)\n"
+  "    local r = table.pack(f(...))\n"
+  "    H10_kept[#H10_kept + 1] = r\n"
+  "    local parts = {}\n"
+  "    for i = 1, r.n do\n"
+  "      parts[i] = type(r[i]) == 'table' and json.encode(r[i]) or tostring(r[i])\n"
+  "    end\n"
+  "    log.debug('sandbox.' .. name .. ' -> ' .. table.concat(parts, ', '))\n"
+  "    return table.unpack(r, 1, r.n)\n"
+  "  end\n"
+  "end\n"
+  "local function dump(ctx, where, ...)\n"
+  "  local out, keys, seen = {}, {}, {}\n"
+  "  seen[out], seen[keys], seen[seen] = true, true, true\n"
+  "  local function walk(v)\n"
+  "    local tv = type(v)\n"
+  "    if tv == 'string' then out[#out + 1] = v:gsub('%z', '?') return end\n"  /* C reads it */
+  "    if tv ~= 'table' and tv ~= 'function' and tv ~= 'userdata' and tv ~= 'thread' then return end\n"
+  "    if seen[v] then return end\n"
+  "    seen[v] = true\n"
+  "    if tv == 'table' then\n"
+  "      for k, x in next, v do\n"
+  "        if type(k) == 'string' and k:lower():find('session') and type(x) == 'string' then\n"
+  "          keys[#keys + 1] = k\n"
+  "        end\n"
+  "        walk(k) walk(x)\n"
+  "      end\n"
+  "    elseif tv == 'function' then\n"
+  "      for i = 1, 255 do\n"
+  "        local n, x = debug.getupvalue(v, i)\n"
+  "        if not n then break end\n"
+  "        walk(x)\n"
+  "      end\n"
+  "    elseif tv == 'userdata' then\n"
+  "      for i = 1, 16 do\n"
+  "        local x, ok = debug.getuservalue(v, i)\n"
+  "        if not ok then break end\n"
+  "        walk(x)\n"
+  "      end\n"
+  "    else\n"
+  "      for level = 0, 200 do\n"
+  "        local info = debug.getinfo(v, level, 'f')\n"
+  "        if not info then break end\n"
+  "        walk(info.func)\n"
+  "        for i = 1, 255 do\n"
+  "          local n, x = debug.getlocal(v, level, i)\n"
+  "          if not n then break end\n"
+  "          walk(x)\n"
+  "        end\n"
+  "      end\n"
+  "    end\n"
+  "    walk(debug.getmetatable(v))\n"
+  "  end\n"
+  "  walk(debug.getregistry())\n"
+  "  walk(ctx) walk({...})\n"
+  "  local params = {}\n"
+  "  for k in pairs(sandbox.tool()['function'].parameters.properties) do params[#params + 1] = k end\n"
+  "  table.sort(params)\n"
+  "  ctx:emit('dump', {where = where, text = table.concat(out, '\\n'), n = #out,\n"
+  "                   sessionKeys = json.array(keys), params = json.array(params)})\n"
+  "end\n"
+  "function M.onTurnStart(ctx) base.onTurnStart(ctx) dump(ctx, 'onTurnStart') end\n"
+  "function M.onTurn(ctx, message) base.onTurn(ctx, message) dump(ctx, 'onTurn', message) end\n"
+  "function M.onSuspend(ctx) base.onSuspend(ctx) dump(ctx, 'onSuspend') end\n"
+  "function M.onComplete(ctx) base.onComplete(ctx) dump(ctx, 'onComplete') end\n"
+  "return M\n";
+
+static const char h10_script[] =
+  "return { turns = {\n"
+  "  { user = 'define x', replies = {\n"
+  "    { call = { code = 'x = 41', expect = { freshSandbox = true, stdoutContains = 'python 1: x = 41' } } },\n"
+  "    { call = { code = 'x + 1', expect = { stdout = 'python 2: x + 1' } } },\n"
+  "    { say = 'done' } } },\n"
+  "  { idle = 'wait' },\n"
+  "  { user = 'again', replies = {\n"
+  "    { call = { code = 'x', expect = { freshSandbox = true, stdoutContains = 'python 1: x' } } },\n"
+  "    { say = 'rebuilt' } } },\n"
+  "} }\n";
+
+static json_t *h10_logged;
+
+static void h10_log(void *ud, berth_log_level level, const char *message)
+{
+  (void)ud;
+  (void)level;
+  json_array_append_new(h10_logged, json_string(message));
+}
+
+static void h10_options(berth_options *o)
+{
+  o->idle_timeout = 0.3;
+  o->unrestricted = true;      /* the walk needs debug.getregistry and friends */
+  o->log = h10_log;
+  o->log_ud = NULL;
+}
+
+/* The distinct 12-character session id prefixes sandboxd logged ("... in session
+ * 0123456789ab ..." / "CloseSession: session 0123456789ab closed ..."), from `from`
+ * on, as a JSON array. */
+static json_t *logged_session_ids(const char *log, size_t from)
+{
+  json_t *ids = json_array();
+  for (const char *p = log + from; (p = strstr(p, "session ")); ) {
+    p += strlen("session ");
+    size_t n = strspn(p, "0123456789abcdef");
+    if (n >= 12) {
+      json_t *id = json_stringn(p, 12);
+      bool dup = false;
+      size_t i;
+      json_t *v;
+      json_array_foreach(ids, i, v)
+        dup = dup || json_equal(v, id);
+      if (dup)
+        json_decref(id);
+      else
+        json_array_append_new(ids, id);
+    }
+  }
+  return ids;
+}
+
+static void test_H10_session_id_never_reaches_lua_logs_or_results(void **state)
+{
+  (void)state;
+  char *before = sbx_read_log(&sbxd);
+  size_t from = before ? strlen(before) : 0;
+  free(before);
+  h10_logged = json_array();
+  ht *t0 = calloc(1, sizeof *t0);
+  ht_init(t0);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t0, "h10.lua", h10_hooks));
+  ht *t = start(h10_script, hooks, h10_options, "alice@example.com");
+  send_turn(t, "define x");
+  assert_true(ht_wait_events(t, "suspend", 1, WAIT));   /* onSuspend disposes */
+  assert_true(wait_forwarded(t, "CloseSession", 1));
+  send_turn(t, "again");
+  assert_true(ht_complete(t, WAIT));
+  assert_true(wait_forwarded(t, "CloseSession", 2));
+  assert_checks(t, 5);
+  assert_int_equal(fwd("OpenSession"), 2);
+
+  /* the ids this test's two sessions really had, as sandboxd saw them */
+  char *log = sbx_read_log(&sbxd);
+  assert_non_null(log);
+  json_t *ids = logged_session_ids(log, from);
+  free(log);
+  assert_int_equal(json_array_size(ids), 2);
+
+  /* every hook's walk saw the real values: the run id, the owner, the results */
+  int dumps = ht_count(t, "dump");
+  assert_true(dumps >= 6);     /* 2 × onTurnStart, 2 × onTurn, onSuspend, onComplete */
+  const char *digest = json_string_value(json_object_get(result(t, 0), "recordSha256"));
+  assert_hex64(digest);
+  bool saw_result = false;
+  for (int i = 0; i < dumps; i++) {
+    const json_t *d = ht_event(t, "dump", i);
+    const char *text = json_string_value(json_object_get(d, "text"));
+    assert_non_null(text);
+    assert_non_null(strstr(text, "run-1"));
+    assert_non_null(strstr(text, "alice@example.com"));
+    saw_result = saw_result || (strstr(text, digest) && strstr(text, "python 2: x + 1"));
+    if (json_array_size(json_object_get(d, "sessionKeys")))
+      fail_msg("a Lua table has a session field: %s",
+               json_dumps(json_object_get(d, "sessionKeys"), 0));
+    /* the model chooses only the code, its language and its files */
+    char *params = json_dumps(json_object_get(d, "params"), JSON_COMPACT);
+    assert_string_equal(params, "[\"code\",\"files\",\"language\"]");
+    free(params);
+  }
+  assert_true(saw_result);
+
+  /* and no session id is anywhere: Lua values, events (tool results, the transcript's
+   * source), log lines */
+  char *events = json_dumps(t->events, JSON_COMPACT);
+  char *lines = json_dumps(h10_logged, JSON_COMPACT);
+  /* the log really holds what the hooks saw (each result logged as JSON) */
+  assert_non_null(strstr(lines, digest));
+  assert_non_null(strstr(lines, "sandbox.executeCode -> {"));
+  size_t i;
+  json_t *id;
+  json_array_foreach(ids, i, id) {
+    const char *s = json_string_value(id);
+    if (strstr(events, s))
+      fail_msg("session id %s... is in the events (Lua values or results)", s);
+    if (strstr(lines, s))
+      fail_msg("session id %s... is in the host's log", s);
+  }
+  free(events);
+  free(lines);
+  json_decref(ids);
+  json_decref(h10_logged);
+  h10_logged = NULL;
+  stop(t);
+  stop(t0);
+}
+
+/* }====================================================== */
+
 /* {====================================================== natives outside hooks */
 
 static const char natives_lua[] =
@@ -365,6 +641,20 @@ static const char natives_lua[] =
   "assert(fn.parameters.properties.code and json.isArray(fn.parameters.required))\n"
   "assert(fn.description:find('Python'))\n"
   "assert(sandbox.dispose('run-x'))\n"
+  /* T14: the key is {owner = userId, conversation = runId}: alice's chat-1 keeps its
+   * sandbox, bob's chat-1 is another, and disposing alice's leaves bob's */
+  "local function ex(user, code)\n"
+  "  return assert(sandbox.executeCode{runId = 'chat-1', userId = user, code = code}).stdout\n"
+  "end\n"
+  "assert(ex('alice', 'a') == 'python 1: a')\n"
+  "assert(ex('alice', 'b') == 'python 2: b')\n"
+  "assert(ex('bob', 'c') == 'python 1: c')\n"
+  "assert(sandbox.dispose('chat-1', 'alice') == true)\n"
+  "assert(ex('alice', 'd') == 'python 1: d')\n"
+  "assert(ex('bob', 'e') == 'python 2: e')\n"
+  "local nd, msgd, coded = sandbox.dispose('chat-1', '')\n"
+  "assert(nd == nil and coded == 'request', tostring(msgd))\n"
+  "assert(sandbox.dispose('chat-1', 'alice') and sandbox.dispose('chat-1', 'bob'))\n"
   "ran = true\n";
 
 static int file_status = -1;
@@ -382,7 +672,7 @@ static bool file_finished(ht *t, void *ud)
   return file_status >= 0;
 }
 
-static void test_T01_T02_H13_natives_with_explicit_run_id(void **state)
+static void test_T01_T02_T14_H13_natives_with_explicit_run_id(void **state)
 {
   (void)state;
   assert_int_equal(fault_reset(&proxy), 0);
@@ -396,7 +686,7 @@ static void test_T01_T02_H13_natives_with_explicit_run_id(void **state)
   assert_int_equal(berth_run_file(t->host, 1, argv, file_done, NULL), 0);
   assert_true(ht_wait(t, file_finished, NULL, WAIT));
   assert_int_equal(file_status, 0);
-  assert_true(wait_forwarded(t, "CloseSession", 2));
+  assert_true(wait_forwarded(t, "CloseSession", 5));
   stop(t);
 }
 
@@ -460,7 +750,9 @@ int main(void)
     cmocka_unit_test(test_H04_unwarmed_turn_is_refused),
     cmocka_unit_test(test_H18_shutdown_disposes_every_sandbox),
     cmocka_unit_test(test_T12_infrastructure_failure_is_a_tool_error),
-    cmocka_unit_test(test_T01_T02_H13_natives_with_explicit_run_id),
+    cmocka_unit_test(test_T16_warm_with_an_empty_user_or_conversation_is_refused),
+    cmocka_unit_test(test_H10_session_id_never_reaches_lua_logs_or_results),
+    cmocka_unit_test(test_T01_T02_T14_H13_natives_with_explicit_run_id),
     cmocka_unit_test(test_conversation_freed_mid_call),
   };
   return cmocka_run_group_tests_name("lifecycle", tests, group_setup, group_teardown);

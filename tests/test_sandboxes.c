@@ -872,7 +872,7 @@ static int closed_port(void)
     return ntohs(a.sin_port);
 }
 
-static void test_X23_X24_an_unreachable_daemon_is_marked_environment(void **state)
+static void test_X23_X24_X47_an_unreachable_daemon_is_marked_environment(void **state)
 {
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", closed_port());
@@ -1650,7 +1650,7 @@ int main(void)
         T(test_X21_X63_a_session_ending_under_two_calls_is_closed_once),
         T(test_X18_X22_owner_cap_across_instances_reruns_fresh_once),
         T(test_X22_X40_a_tampered_close_count_is_reported_once),
-        T(test_X23_X24_an_unreachable_daemon_is_marked_environment),
+        T(test_X23_X24_X47_an_unreachable_daemon_is_marked_environment),
         T(test_X23_X26_failures_before_the_code_is_sent_say_nothing_ran),
         T(test_X26_X44_T12_a_call_that_may_have_run_says_so_and_is_not_retried),
         T(test_X45_an_unanswered_call_the_session_checked_keeps_the_sandbox),

@@ -548,7 +548,9 @@ static void test_delete_waits_and_clients_may_leave(void **state)
 static void test_capacity_at_max_conversations(void **state)
 {
   (void)state;
-  static const char *const more[] = {"--max-conversations", "2", NULL};
+  /* (no per-caller cap: the server's own cap is what is reached here) */
+  static const char *const more[] = {"--max-conversations", "2",
+                                     "--max-conversations-per-caller", "0", NULL};
   st_server *s = serve(more);
   char a[40], b[40], c[40];
   create(s, 0, NULL, a);
@@ -569,6 +571,113 @@ static void test_capacity_at_max_conversations(void **state)
   assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", a), s->token[0], NULL, NULL),
                    200);
   create(s, 0, NULL, c);
+  stop(s, 0);
+}
+
+/* POST /v1/conversations by `caller` is refused 429 capacity with the caller's cap. */
+static void assert_caller_refused(st_server *s, int caller, const char *limit)
+{
+  json_t *j = NULL;
+  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[caller], NULL,
+                                &j), 429);
+  assert_string_equal(error_code(j), "capacity");
+  const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+  assert_non_null(m);
+  char want[96];
+  snprintf(want, sizeof want, "this caller holds its limit of %s conversations", limit);
+  if (!strstr(m, want))
+    fail_msg("\"%s\" does not say \"%s\"", m, want);
+  json_decref(j);
+}
+
+/* A caller at --max-conversations-per-caller is refused while the other caller still
+ * gets conversations, up to the server's cap; a delete gives the caller room again. */
+static void test_capacity_per_caller(void **state)
+{
+  (void)state;
+  static const char *const more[] = {"--max-conversations", "5",
+                                     "--max-conversations-per-caller", "2", NULL};
+  st_server *s = serve(more);
+  char a[40], b[40], c[40], d[40], e[40];
+  create(s, 0, NULL, a);
+  create(s, 0, "{\"userId\": \"alice\"}", b);
+  assert_caller_refused(s, 0, "2");
+  create(s, 1, NULL, c);       /* the other caller is not locked out */
+  create(s, 1, NULL, d);
+  assert_caller_refused(s, 1, "2");
+  /* the refusals left no trace: four open; a turn still runs */
+  char *metrics = NULL;
+  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  assert_non_null(strstr(metrics, "\nberth_conversations 4\n"));
+  free(metrics);
+  long status;
+  json_t *ev = turn(s, 1, d, "d = 1", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
+  json_decref(ev);
+  /* a delete frees the caller's slot */
+  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", a), s->token[0], NULL,
+                           NULL), 200);
+  create(s, 0, NULL, e);
+  assert_caller_refused(s, 0, "2");
+  stop(s, 0);
+}
+
+/* By default, with two callers, each may hold half of --max-conversations (rounded
+ * up): one caller cannot fill the server. */
+static void test_capacity_per_caller_by_default(void **state)
+{
+  (void)state;
+  static const char *const more[] = {"--max-conversations", "5", NULL};
+  st_server *s = serve(more);
+  char id[5][40];
+  create(s, 0, NULL, id[0]);
+  create(s, 0, NULL, id[1]);
+  create(s, 0, NULL, id[2]);
+  assert_caller_refused(s, 0, "3");
+  create(s, 1, NULL, id[3]);   /* the rest of the server is the other caller's */
+  create(s, 1, NULL, id[4]);
+  char *log = st_read_log(s);
+  assert_non_null(log);
+  assert_non_null(strstr(log, "limits: 5 conversations (3 per caller), "));
+  free(log);
+  stop(s, 0);
+}
+
+/* --max-sandboxes 1: each conversation's cell closes the other's idle sandbox, and the
+ * conversation whose sandbox was closed starts again in a fresh one. */
+static void test_max_sandboxes_closes_the_idle_one(void **state)
+{
+  (void)state;
+  assert_int_equal(fault_reset(&proxy), 0);
+  static const char *const more[] = {"--max-sandboxes", "1", NULL};
+  st_server *s = serve(more);
+  char a[40], b[40];
+  create(s, 0, NULL, a);
+  create(s, 1, NULL, b);
+  static const struct { int caller; const char *conv, *code, *stdout_; } steps[] = {
+    {0, "a", "x = 1", "python 1: x = 1"},
+    {1, "b", "y = 2", "python 1: y = 2"},
+    {0, "a", "x", "python 1: x"},
+  };
+  for (size_t i = 0; i < 3; i++) {
+    long status;
+    json_t *ev = turn(s, steps[i].caller, steps[i].conv[0] == 'a' ? a : b, steps[i].code,
+                      &status);
+    assert_int_equal(status, 200);
+    assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
+    const json_t *r = json_object_get(ev_data(ev, 1), "result");
+    assert_string_equal(json_string_value(json_object_get(r, "stdout")), steps[i].stdout_);
+    assert_true(json_is_true(json_object_get(r, "freshSandbox")));
+    json_decref(ev);
+  }
+  /* one sandbox at a time: three opens, each after closing the one before */
+  assert_int_equal(fault_forwarded(&proxy, "OpenSession"), 3);
+  assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 2);
+  char *metrics = NULL;
+  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  assert_non_null(strstr(metrics, "\nberth_sandboxes 1\n"));
+  free(metrics);
   stop(s, 0);
 }
 
@@ -848,6 +957,9 @@ int main(void)
     cmocka_unit_test(test_413_oversized_body),
     cmocka_unit_test(test_delete_waits_and_clients_may_leave),
     cmocka_unit_test(test_capacity_at_max_conversations),
+    cmocka_unit_test(test_capacity_per_caller),
+    cmocka_unit_test(test_capacity_per_caller_by_default),
+    cmocka_unit_test(test_max_sandboxes_closes_the_idle_one),
     cmocka_unit_test(test_turn_queue_and_capacity),
     cmocka_unit_test(test_metrics_parse_and_move),
     cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),

@@ -52,7 +52,8 @@ static const char usage[] =
   "  --idle-timeout S       an NPC nobody spoke to for S seconds suspends (default 2)\n"
   "  --scripts DIR          where npc.lua and npc_model.lua are (default: scripts)\n"
   "  --seed N               the players' random choices (default 1)\n"
-  "  --quiet                no log lines, only the stats\n";
+  "  --quiet                no log lines, only the stats\n"
+  "  --help, --version\n";
 
 static const char *const players[] = {"ada", "bob", "cyd", "dee", "eli", "fay", "gus", "hal"};
 static const char *const phrases[] = {
@@ -312,7 +313,7 @@ int main(int argc, char **argv)
   long max_sandboxes = -1;
   double idle = 2.0;
   enum { O_NPCS = 256, O_TICKS, O_TICK_MS, O_LINES, O_DAEMON, O_TOKEN, O_SANDBOXD, O_PROVIDER,
-         O_MAX_SB, O_IDLE, O_SCRIPTS, O_SEED, O_QUIET, O_HELP };
+         O_MAX_SB, O_IDLE, O_SCRIPTS, O_SEED, O_QUIET, O_HELP, O_VERSION };
   static const struct option opts[] = {
     {"npcs", required_argument, NULL, O_NPCS}, {"ticks", required_argument, NULL, O_TICKS},
     {"tick-ms", required_argument, NULL, O_TICK_MS},
@@ -325,6 +326,7 @@ int main(int argc, char **argv)
     {"idle-timeout", required_argument, NULL, O_IDLE},
     {"scripts", required_argument, NULL, O_SCRIPTS}, {"seed", required_argument, NULL, O_SEED},
     {"quiet", no_argument, NULL, O_QUIET}, {"help", no_argument, NULL, O_HELP},
+    {"version", no_argument, NULL, O_VERSION},
     {NULL, 0, NULL, 0}
   };
   int c;
@@ -344,6 +346,10 @@ int main(int argc, char **argv)
       case O_SEED: g.seed = (unsigned)atoi(optarg); break;
       case O_QUIET: g.quiet = true; break;
       case O_HELP: fputs(usage, stdout); return 0;
+      case O_VERSION:           /* as `berth --version` (runtime/cli.c) */
+        printf("npc_server (berth %s, libplimsoll %s, protocol %d, %s)\n", BERTH_VERSION,
+               PLIMSOLL_VERSION, PLIMSOLL_PROTOCOL, LUA_RELEASE);
+        return 0;
       default: fputs(usage, stderr); return 2;
     }
   }
