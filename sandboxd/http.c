@@ -29,6 +29,7 @@
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,21 @@ const char *sbx_call_principal(const sbx_call *c)
 int64_t sbx_call_started_ms(const sbx_call *c)
 {
     return c->started_ms;
+}
+
+/* MHD watches no suspended connection, so a caller that hung up while its call was
+ * working is noticed only here: the peer's FIN (POLLRDHUP) or a reset.  A keep-alive
+ * client sends nothing more until it has this answer, so readable data is no sign. */
+bool sbx_call_caller_gone(const sbx_call *c)
+{
+    if (!c->conn)
+        return true;
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info)
+        return false;
+    struct pollfd p = {.fd = info->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* Headers every answer carries. */

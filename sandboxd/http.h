@@ -57,6 +57,9 @@ void sbx_http_free(sbx_http *h);
 const json_t *sbx_call_body(const sbx_call *c);        /* the JSON object (rpc routes) */
 const char *sbx_call_principal(const sbx_call *c);     /* SHA-256 hex of the token, or "" */
 int64_t sbx_call_started_ms(const sbx_call *c);        /* when the request arrived */
+/* Whether the caller has closed its side of the connection (a suspended call's caller
+ * may hang up while it works): its answer would reach nobody. */
+bool sbx_call_caller_gone(const sbx_call *c);
 /* Answers, taking ownership of the argument. */
 void sbx_call_reply_json(sbx_call *c, json_t *body);   /* 200 application/json */
 void sbx_call_reply_error(sbx_call *c, sbx_err *err);

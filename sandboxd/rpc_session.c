@@ -68,6 +68,15 @@ static void on_opened(void *ud, sbx_err *err, sbx_session *s)
                           "closed unused", sbx_session_tier(s), op->req.floor);
         sbx_session_end(s, PLM_END_CLOSED, "below the requested floor");
         sbx_session_forget(s);
+    } else if (!err && sbx_call_caller_gone(op->call)) {
+        /* D10: nobody would learn the new session's id, so nobody could close it: it
+         * would hold a slot until its idle timeout.  Closed now, unused. */
+        sbx_log("OpenSession: the caller hung up while its sandbox was made; closed it unused");
+        err = sbx_err_new(PLM_CANCELED, PLM_REFUSAL_NONE,
+                          "the caller hung up while the session was opened; it was closed "
+                          "unused");
+        sbx_session_end(s, PLM_END_CLOSED, "its caller hung up during the open");
+        sbx_session_forget(s);
     }
     if (err) {
         sbx_rpc_refuse(op->call, "OpenSession", err);

@@ -1751,6 +1751,50 @@ static int run_sandboxd(const char *const *args)
     return run_sandboxd_out(args, NULL, 0);
 }
 
+/* D10: a caller that hangs up while its sandbox is being made leaves no session
+ * behind.  The request goes on a connection whose write side is shut at once (the
+ * caller's FIN, as when it gives up), while the read side stays open to see what the
+ * daemon does: it closes the new session unused and refuses, so the only slot
+ * (--max-sessions 1) is free for the next open.  A real provider without a pool makes
+ * the sandbox slowly enough (bubblewrap ~50 ms, gVisor ~0.5 s) for the FIN to be there
+ * first. */
+static void test_D10_an_open_whose_caller_hung_up_is_closed_unused(void **state)
+{
+    (void)state;
+    static const char *const providers[] = {"bwrap", "gvisor"};
+    sbx_proc p;
+    size_t i;
+    for (i = 0; i < sizeof providers / sizeof providers[0]; i++) {
+        const char *args[] = {"--provider", providers[i], "--pool", "0", "--max-sessions", "1",
+                              NULL};
+        if (sbx_start(&p, args) == 0)
+            break;
+    }
+    if (i == sizeof providers / sizeof providers[0]) {
+        print_message("skipped: neither bwrap nor gvisor passes its smoke test here\n");
+        skip();
+    }
+    int fd = raw_send(&p, "OpenSession", "{\"protocol\": 3}");
+    assert_int_equal(shutdown(fd, SHUT_WR), 0);
+    answer a;
+    raw_read(fd, &a);
+    close(fd);
+    if (a.status == 200)
+        fail_msg("the daemon opened a session for a caller that had hung up: %s", a.raw);
+    assert_string_equal(jstr(a.body, "code"), "canceled");
+    if (!strstr(jstr(a.body, "message"), "closed unused"))
+        fail_msg("unexpected refusal: %s", a.raw);
+    answer_free(&a);
+    session s; /* the slot is free again */
+    open_session(&p, NULL, &s);
+    close_expect(&p, &s, "SESSION_END_CLOSED");
+    char *log = sbx_read_log(&p);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "the caller hung up while its sandbox was made"));
+    free(log);
+    sbx_stop(&p);
+}
+
 static void test_D19_cli_bad_flags_and_token_files_exit_2(void **state)
 {
     (void)state;
@@ -1894,6 +1938,7 @@ int main(void)
         cmocka_unit_test(test_W14_a_tls_handshake_gets_a_cleartext_400),
         cmocka_unit_test(test_E20_a_missing_or_unknown_token_is_unauthenticated_marked_permission),
         cmocka_unit_test(test_E06_the_request_id_is_echoed_only_when_well_formed),
+        cmocka_unit_test(test_D10_an_open_whose_caller_hung_up_is_closed_unused),
         cmocka_unit_test(test_D19_cli_bad_flags_and_token_files_exit_2),
         cmocka_unit_test(test_cli_version_exits_0_and_prints_the_version),
         cmocka_unit_test(test_D53_sigterm_ends_sessions_as_shutdown_and_exits_0),
