@@ -123,6 +123,9 @@ void plm_sandboxes_dispose_all(plm_sandboxes *sb, plm_done_cb done, void *ud);
 /* Whether calls keep state: false under NEVER, else Describe's supportsSessions. */
 typedef void (*plm_bool_cb)(void *ud, plm_error *err, bool value);
 plm_error *plm_sandboxes_persistent(plm_sandboxes *sb, plm_bool_cb cb, void *ud);
+/* NULL when `key` is a valid key, else the invalid_argument error (marked request) every
+ * call taking it would refuse it with, so a caller can refuse it before anything else. */
+plm_error *plm_key_check(const plm_key *key);
 /* The first 12 hex digits of SHA-256 of the key's encoding: the only form of a key
  * that may appear in a log line. */
 void plm_key_digest(const plm_key *key, char out[13]);

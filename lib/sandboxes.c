@@ -298,6 +298,13 @@ static char *key_encode(const plm_key *key, plm_error **err)
     return id;
 }
 
+plm_error *plm_key_check(const plm_key *key)
+{
+    plm_error *err;
+    free(key_encode(key, &err));
+    return err;
+}
+
 void plm_key_digest(const plm_key *key, char out[13])
 {
     plm_error *err;

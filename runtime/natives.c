@@ -203,16 +203,11 @@ static int l_warm(lua_State *L)
   const char *run = luaL_checkstring(L, 1);
   const char *user = luaL_optstring(L, 2, NULL);
   plm_key key = {user ? user : berth_owner_get(h, run), run};
-  plm_error *e;
   /* T16, X05: an empty run id or userId is refused at once, before anything is
    * recorded and whether or not a daemon is configured, as executeCode refuses it
-   * (invalid_argument marked request, so the code is "request").  The layer's own key
-   * check gives the message; it runs before the layer looks at anything else. */
-  if (!*run || (user && !*user)) {
-    e = plm_sandboxes_warm(h->sandboxes, &key);
-    if (!e)                     /* cannot happen: the key is invalid */
-      return plmlua_push_fail(L, "plimsoll: a sandbox key is a nonempty string, or a "
-                                 "nonempty owner and conversation", "request");
+   * (invalid_argument marked request, so the code is "request"). */
+  plm_error *e = plm_key_check(&key);
+  if (e) {
     int n = plmlua_push_error(L, e);
     plm_error_free(e);
     return n;
