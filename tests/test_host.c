@@ -139,34 +139,17 @@ static void test_memory_bomb_is_stopped(void **state)
   stop(t);
 }
 
-/* Every log line of a host whose options went through capture_logs, in order. */
-static json_t *logged;
-
-static void log_into(void *ud, berth_log_level level, const char *message)
-{
-  (void)ud;
-  (void)level;
-  json_array_append_new(logged, json_string(message));
-}
-
-static void capture_logs(berth_options *o)
-{
-  json_decref(logged);
-  logged = json_array();
-  o->log = log_into;
-  o->log_ud = NULL;
-}
-
 /* The hook's failure is logged with a Lua traceback that names the hook's file and
  * line; the event carries the first line only. */
-static void assert_logged_traceback(const char *hook, const char *what, const char *where)
+static void assert_logged_traceback(const ht *t, const char *hook, const char *what,
+                                    const char *where)
 {
   char head[128];
   snprintf(head, sizeof head, "%s of conversation run-e failed: ", hook);
   const char *line = NULL;
   size_t i;
   json_t *l;
-  json_array_foreach(logged, i, l)
+  json_array_foreach(t->logs, i, l)
     if (strstr(json_string_value(l), head) && strstr(json_string_value(l), what))
       line = json_string_value(l);
   if (!line)
@@ -197,7 +180,7 @@ static void test_error_in_each_hook(void **state)
     "function M.onSuspend(ctx) error('suspend broke') end\n"
     "function M.onComplete(ctx) error('complete broke') end\n"
     "return M\n"));
-  ht_host(t, hooks, NULL, NULL, capture_logs);
+  ht_host(t, hooks, NULL, NULL, NULL);
   t->conv = berth_conv_new(t->host, "run-e", NULL);
 
   assert_contains(turn(t, "fail"), "error object is a table value");
@@ -206,8 +189,8 @@ static void test_error_in_each_hook(void **state)
   assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurn");
   /* the event has the first line; the log has the traceback, down to the hook's line */
   assert_null(strchr(json_string_value(json_object_get(e, "message")), '\n'));
-  assert_logged_traceback("onTurn", "error object is a table value", "hooks.lua:5:");
-  assert_logged_traceback("onTurn", "attempt to index a nil value", "hooks.lua:6:");
+  assert_logged_traceback(t, "onTurn", "error object is a table value", "hooks.lua:5:");
+  assert_logged_traceback(t, "onTurn", "attempt to index a nil value", "hooks.lua:6:");
   assert_string_equal(turn(t, "after"), "ok after");
 
   turn(t, "break start");
@@ -215,22 +198,20 @@ static void test_error_in_each_hook(void **state)
   e = ht_event(t, "error", 2);
   assert_string_equal(json_string_value(json_object_get(e, "hook")), "onTurnStart");
   assert_int_equal(ht_count(t, "assistant"), 1);
-  assert_logged_traceback("onTurnStart", "start broke", "hooks.lua:2:");
+  assert_logged_traceback(t, "onTurnStart", "start broke", "hooks.lua:2:");
 
   berth_conv_suspend(t->conv);
   assert_true(ht_wait_events(t, "suspend", 1, WAIT));
   assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 3), "hook")),
                       "onSuspend");
-  assert_logged_traceback("onSuspend", "suspend broke", "hooks.lua:10:");
+  assert_logged_traceback(t, "onSuspend", "suspend broke", "hooks.lua:10:");
   assert_true(ht_complete(t, WAIT));
   assert_string_equal(json_string_value(json_object_get(ht_event(t, "error", 4), "hook")),
                       "onComplete");
-  assert_logged_traceback("onComplete", "complete broke", "hooks.lua:11:");
+  assert_logged_traceback(t, "onComplete", "complete broke", "hooks.lua:11:");
   assert_int_equal(t->completed, 1);
   assert_int_equal(berth_host_errors(t->host), 5);
   stop(t);
-  json_decref(logged);
-  logged = NULL;
 }
 
 static void test_restricted_environment(void **state)

@@ -18,6 +18,7 @@ void ht_init(ht *t)
   t->loop = ev_loop_new(EVFLAG_AUTO);
   t->events = json_array();
   t->checks = json_array();
+  t->logs = json_array();
 }
 
 const char *ht_file(ht *t, const char *name, const char *content)
@@ -40,9 +41,11 @@ static void on_event(void *ud, berth_conv *c, const char *kind, const json_t *da
                                   c ? berth_conv_run_id(c) : NULL));
 }
 
+/* Kept for the tests to read, shown only when asked for. */
 static void quiet_log(void *ud, berth_log_level level, const char *message)
 {
-  (void)ud;
+  ht *t = ud;
+  json_array_append_new(t->logs, json_string(message));
   if (level >= BERTH_LOG_WARN && getenv("BERTH_TEST_VERBOSE"))
     fprintf(stderr, "  [host] %s\n", message);
 }
@@ -66,6 +69,7 @@ char *ht_host_try(ht *t, const char *hooks, const char *url, const char *token,
   o.on_event = on_event;
   o.event_ud = t;
   o.log = quiet_log;
+  o.log_ud = t;
   if (tweak)
     tweak(&o);
   char *err = NULL;
@@ -213,6 +217,7 @@ void ht_free(ht *t)
   berth_model_free(t->model);
   json_decref(t->events);
   json_decref(t->checks);
+  json_decref(t->logs);
   ev_loop_destroy(t->loop);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);

@@ -20,6 +20,7 @@ typedef struct ht {
   berth_conv *conv;
   json_t *events;              /* [{kind, data, run}] in order */
   json_t *checks;              /* scripted-model checks: [{ok, what}] */
+  json_t *logs;                /* every line the host logged, in order: [message] */
   char dir[64];                /* temporary directory for hooks and scripts */
   int completed;               /* berth_conv_complete callbacks seen */
 } ht;
