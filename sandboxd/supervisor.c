@@ -324,8 +324,7 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
     char *py[] = {(char *)O.python, "-I", "-c", (char *)sbx_kernel_py, prefix, tok, NULL};
     char *js[] = {(char *)O.node, "--expose-internals", "--experimental-vm-modules",
-                  "--disable-warning=ExperimentalWarning", heap, "-e", (char *)sbx_kernel_js,
-                  prefix, tok, NULL};
+                  heap, "-e", (char *)sbx_kernel_js, prefix, tok, NULL};
     pid_t pid = spawn(lang == SUP_LANG_PY ? py : js, -1, out, err,
                       lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0);
     int e = errno;

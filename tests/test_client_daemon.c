@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "capability.h"
 #include <ev.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -1344,8 +1345,7 @@ static void test_E22_guest_failure_is_a_result_not_an_error(void **state)
     sbx_proc real;
     const char *args[] = {"--provider", "process", "--pool", "1", NULL};
     if (sbx_start(&real, args) != 0) {
-        print_message("skipped: sandboxd --provider process does not start here\n");
-        skip();
+        skip_missing_capability("skipped: sandboxd --provider process does not start here\n");
     }
     plm_client *c = client_at(real.url, real.token, 0);
     plm_error *e = NULL;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include "capability.h"
 #include <dirent.h>
 #include <ev.h>
 #include <poll.h>
@@ -122,8 +123,7 @@ static void expect(plm_error *e, plm_code code, plm_refusal mark, const char *ne
 static void need(void)
 {
     if (!P->up) {
-        print_message("skipped: provider %s: %s\n", P->name, P->skip_why);
-        skip();
+        skip_missing_capability("skipped: provider %s: %s\n", P->name, P->skip_why);
     }
 }
 
@@ -220,6 +220,45 @@ static void cell_prints(plm_session *s, const char *lang, const char *code, cons
         fail_msg("%s cell %s: exit %d, stdout \"%s\" (want \"%s\"), stderr \"%.800s\"", lang,
                  code, r->exit_code, r->stdout_text, want, r->stderr_text);
     plm_result_free(r);
+}
+
+/* What a command prints on its first line (its version), or "" when it cannot run. */
+static void first_line_of(const char *cmd, char *out, size_t size)
+{
+    out[0] = '\0';
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return;
+    if (!fgets(out, (int)size, f))
+        out[0] = '\0';
+    pclose(f);
+}
+
+/* The interpreters `make deps` installs (Debian 12: Node 18, Python 3.11) are offered by
+ * every real provider and run cells there: a machine whose node refuses one of the
+ * options sandboxd passes drops JavaScript at the smoke test, which must fail here, not
+ * pass unnoticed. */
+static void test_D06_the_installed_python_and_node_run_cells(void **state)
+{
+    (void)state;
+    need();
+    plm_info *info = NULL;
+    ok(plm_describe_sync(P->c, &info));
+    bool py = info->session.python, js = info->session.javascript;
+    plm_info_free(info);
+    if (!py || !js)
+        fail_msg("provider %s offers python %s, javascript %s: its start-up check dropped an "
+                 "interpreter (see the daemon's log)", P->name, py ? "yes" : "no", js ? "yes" : "no");
+    char node[128], python[128];
+    first_line_of("/usr/bin/node --version 2>/dev/null", node, sizeof node);
+    first_line_of("/usr/bin/python3 -c 'import platform; print(platform.python_version())' "
+                  "2>/dev/null", python, sizeof python);
+    if (!node[0] || !python[0])
+        skip_missing_capability("skipped: /usr/bin/node or /usr/bin/python3 does not run here\n");
+    plm_session *s = open_s();
+    cell_prints(s, "javascript", "console.log(process.version)", node);
+    cell_prints(s, "python", "import platform; print(platform.python_version())", python);
+    close_s(s);
 }
 
 static void daemon_still_serves(void)
@@ -703,6 +742,178 @@ static void test_D41_output_resembling_the_end_mark_is_kept(void **state)
                 "a\x1f\x1f" "b\x1f" "00000000000000000000000000000000\x1f\x1e|\x1f");
     cell_prints(s, "javascript", "process.stdout.write('x\\x1f'); process.stdout.write('\\x1fy\\x1f'); void 0",
                 "x\x1f\x1fy\x1f");
+    close_s(s);
+}
+
+/* ---------------------------------------------------------------- attacks from a cell (issue 11) */
+
+/* A session's cells and the daemon go on: another session runs a cell and Describe is
+ * answered. */
+static void another_session_is_served(void)
+{
+    daemon_still_serves();
+    plm_session *other = open_s();
+    cell_prints(other, "python", "'served'", "'served'\n");
+    close_s(other);
+}
+
+/* A FIFO the guest made, named in a later cell's files: the supervisor must never block
+ * opening it (nobody reads it), and the cell is refused before anything runs. */
+static void test_A01_fifo_in_files_is_refused_without_blocking_the_supervisor(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    cell_prints(s, "python", "import os\nkept = 7\nos.mkfifo('trap')\nos.mkfifo('held')\n"
+                             "held = os.open('held', os.O_RDONLY | os.O_NONBLOCK)\n'made'", "'made'\n");
+    const char *names[] = {"trap", "held"};   /* without a reader; with one (the kernel) */
+    for (size_t i = 0; i < 2; i++) {
+        plm_file f[] = {{"ok.txt", "fine"}, {names[i], "x"}};
+        plm_result *r = NULL;
+        long long t0 = mono_ms();
+        plm_error *e = try_cell(s, "python", "print('ran')", 1000, f, 2, &r);
+        long long took = mono_ms() - t0;
+        if (r)
+            fail_msg("a cell whose files name a FIFO ran: exit %d, stderr \"%.300s\"",
+                     r->exit_code, r->stderr_text);
+        expect(e, PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST, "files[1]");
+        if (took > 900) /* refused at once, not at its deadline */
+            fail_msg("the FIFO %s was refused after %lld ms", names[i], took);
+    }
+    plm_file f[] = {{"trap", "x"}};
+    plm_result *r = NULL;
+    plm_error *e = try_cell(s, "python", "print('ran')", 1000, f, 1, &r);
+    assert_null(r);
+    expect(e, PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST, "not a regular file");
+    /* Nothing ran, the state and the session stay. */
+    cell_prints(s, "python", "import stat\nkept, stat.S_ISFIFO(os.stat('trap').st_mode)",
+                "(7, True)\n");
+    close_s(s);
+    another_session_is_served();
+}
+
+/* A cell that stops its supervisor (it can on the process provider, where both run as
+ * the sandbox uid) and spins: the deadline still answers 124, the sandbox is ended by
+ * force, and nothing of the call is touched after its answer (the daemon lives). */
+static void test_A01_stopped_supervisor_cannot_stall_the_kill(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    long long t0 = mono_ms();
+    plm_result *r = cell_t(s, "python",
+                           "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGSTOP)\n"
+                           "except OSError:\n    pass\nwhile True:\n    pass", 1000);
+    long long took = mono_ms() - t0;
+    assert_int_equal(r->exit_code, 124);
+    assert_true(r->timed_out);
+    /* the deadline, plus the bound on the interpreter's death after a kill (5 s) */
+    if (took > 12000)
+        fail_msg("the 1000 ms deadline answered after %lld ms", took);
+    print_message("provider %s: the spinning cell was answered after %lld ms (session %s)\n",
+                  P->name, took, plm_session_end_name(plm_session_ended(s, NULL)));
+    plm_result_free(r);
+    close_s(s);
+    another_session_is_served();
+}
+
+/* A cell raises its kernel's reply FIFO to 1 MiB and a setsid child floods it with
+ * well-formed frames carrying a stale token (for 30 s unless stopped).  The daemon reads
+ * a bounded amount per wake-up, ends that sandbox as hostile, and keeps serving. */
+static const char flood_py[] =
+    "import os, sys, time\n"
+    "fd = os.open(sys.argv[1] + '-rep', os.O_WRONLY)\n"
+    "try:\n"
+    "    import fcntl\n"
+    "    fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ\n"
+    "except OSError:\n"
+    "    pass\n"
+    "frame = (33).to_bytes(4, 'little') + b'R' + b'0' * 32\n"
+    "block = frame * (65536 // len(frame))\n"
+    "r, w = os.pipe()\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    sent, told, end = 0, False, time.monotonic() + 30\n"
+    "    try:\n"
+    "        while time.monotonic() < end:\n"
+    "            sent += os.write(fd, block)\n"
+    "            if not told and sent >= 2 << 20:\n"
+    "                os.write(w, b'!')\n"
+    "                told = True\n"
+    "    finally:\n"
+    "        os._exit(0)\n"
+    "os.close(w)\n"
+    "os.read(r, 1)\n"
+    "'flooding'";
+
+static void test_A02_reply_fifo_flood_ends_that_sandbox_not_the_daemons_loop(void **state)
+{
+    (void)state;
+    need();
+    plm_session *other = open_s();
+    cell_prints(other, "python", "before = 1", "");
+    plm_session *s = open_s();
+    long long t0 = mono_ms();
+    plm_result *r = NULL;
+    plm_error *e = try_cell(s, "python", flood_py, 20000, NULL, 0, &r);
+    long long answered = mono_ms() - t0;
+    /* Either the call saw its sandbox end, or it was answered and the session ended
+     * right after: both within a bound far below the flood's 30 s. */
+    plm_result_free(r);
+    plm_error_free(e);
+    cell_prints(other, "python", "before", "1\n");
+    daemon_still_serves();
+    long long served = mono_ms() - t0;
+    print_message("provider %s: the flooding call answered after %lld ms, another session "
+                  "served after %lld ms\n", P->name, answered, served);
+    if (answered > 10000 || served > 10000)
+        fail_msg("the flood held the daemon: answered after %lld ms, another session served "
+                 "after %lld ms", answered, served);
+    e = try_cell(s, "python", "'still open?'", 0, NULL, 0, &r);
+    if (r)
+        fail_msg("the flooding session served another cell: \"%s\"", r->stdout_text);
+    assert_non_null(e);
+    if (e->session_ended == PLM_END_OPEN)
+        fail_msg("the flooding session did not end: %s", e->message);
+    contains(e->session_ended_detail, "reply");
+    plm_error_free(e);
+    close_s(s);
+    close_s(other);
+    another_session_is_served();
+}
+
+/* After a JavaScript cell writes 20 MiB (Node queues what the pipe does not take), its
+ * output is cut at the cap and the next cells' output is exactly their own. */
+static void test_A04_queued_output_cannot_overtake_the_end_of_cell_mark(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    const struct {
+        const char *lang, *code;
+        bool err;
+    } floods[] = {
+        {"javascript", "process.stdout.write('z'.repeat(20 << 20)); undefined", false},
+        {"javascript", "process.stderr.write('y'.repeat(20 << 20)); undefined", true},
+        {"python", "import sys\nsys.stdout.write('x' * (20 << 20))\nNone", false},
+    };
+    for (size_t i = 0; i < sizeof floods / sizeof floods[0]; i++) {
+        plm_result *r = cell_t(s, floods[i].lang, floods[i].code, 60000);
+        assert_int_equal(r->exit_code, 0);
+        assert_int_equal(floods[i].err ? r->stderr_bytes.len : r->stdout_bytes.len, 65536);
+        assert_true(floods[i].err ? r->stderr_truncated : r->stdout_truncated);
+        plm_result_free(r);
+        for (int k = 0; k < 3; k++) {
+            r = cell(s, floods[i].lang, "'mine'");
+            if (strcmp(r->stdout_text, "'mine'\n") != 0 || r->stderr_bytes.len ||
+                r->stdout_truncated || r->stderr_truncated)
+                fail_msg("cell %d after the %s flood %zu got stdout \"%.60s\" (%zu bytes%s), "
+                         "stderr %zu bytes", k + 1, floods[i].lang, i, r->stdout_text,
+                         r->stdout_bytes.len, r->stdout_truncated ? ", truncated" : "",
+                         r->stderr_bytes.len);
+            plm_result_free(r);
+        }
+    }
     close_s(s);
 }
 
@@ -1430,8 +1641,7 @@ static void test_D06_D38_an_interpreter_that_cannot_start_is_not_offered(void **
     /* A "python" that exits at once: the smoke test proves only JavaScript. */
     const char *args[] = {"--provider", "bwrap", "--pool", "0", "--python", "/usr/bin/false", NULL};
     if (sbx_start(&d, args) != 0) {
-        print_message("skipped: bwrap is not available here\n");
-        skip();
+        skip_missing_capability("skipped: bwrap is not available here\n");
     }
     plm_client_options o;
     plm_client_options_init(&o);
@@ -1471,8 +1681,7 @@ static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state
     sbx_proc d;
     const char *args[] = {"--provider", "bwrap", "--pool", "0", "--session-disk-mb", "2", NULL};
     if (sbx_start(&d, args) != 0) {
-        print_message("skipped: bwrap is not available here\n");
-        skip();
+        skip_missing_capability("skipped: bwrap is not available here\n");
     }
     plm_client_options o;
     plm_client_options_init(&o);
@@ -1513,6 +1722,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
 }
 
 #define PROVIDER_TESTS                                                              \
+    cmocka_unit_test_teardown(test_D06_the_installed_python_and_node_run_cells, test_teardown),            \
     cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
     cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
     cmocka_unit_test_teardown(test_D26_D36_files_before_code_shared_and_importable, test_teardown),         \
@@ -1528,6 +1738,10 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D40_output_capped_at_64_KiB_prefix_kept_flags_set, test_teardown),       \
     cmocka_unit_test_teardown(test_D41_output_between_cells_is_discarded, test_teardown),                   \
     cmocka_unit_test_teardown(test_D41_output_resembling_the_end_mark_is_kept, test_teardown),              \
+    cmocka_unit_test_teardown(test_A01_fifo_in_files_is_refused_without_blocking_the_supervisor, test_teardown), \
+    cmocka_unit_test_teardown(test_A01_stopped_supervisor_cannot_stall_the_kill, test_teardown), \
+    cmocka_unit_test_teardown(test_A02_reply_fifo_flood_ends_that_sandbox_not_the_daemons_loop, test_teardown), \
+    cmocka_unit_test_teardown(test_A04_queued_output_cannot_overtake_the_end_of_cell_mark, test_teardown), \
     cmocka_unit_test_teardown(test_D25_a_process_left_behind_is_gone_by_the_next_call, test_teardown),      \
     cmocka_unit_test_teardown(test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline, test_teardown), \
     cmocka_unit_test_teardown(test_D44_projects_in_sessions_are_refused_unsupported, test_teardown),        \

@@ -30,6 +30,16 @@
   let rejectionPending = () => true;
   try { rejectionPending = require('internal/process/promises').hasRejectionToWarn; } catch (e) { /* wait */ }
 
+  // The vm-modules flag makes Node warn on first use.  Newer Nodes could be told not to
+  // with --disable-warning, which Debian 12's Node 18 refuses as a bad option; so the
+  // kernel drops that one warning itself and lets every other warning through.
+  const emitWarning = process.emitWarning;
+  process.emitWarning = function (warning, ...rest) {
+    const type = typeof rest[0] === 'string' ? rest[0] : rest[0] && rest[0].type;
+    if (type === 'ExperimentalWarning' || (warning && warning.name === 'ExperimentalWarning')) return;
+    return emitWarning.call(process, warning, ...rest);
+  };
+
   const [prefix, token] = process.argv.slice(1);
   // Opened here, close-on-exec: nothing a cell starts inherits them.
   const reqFd = fs.openSync(prefix + '-req', fs.constants.O_RDONLY);
