@@ -98,6 +98,22 @@ static int ctx_say(lua_State *L)
   return 0;
 }
 
+/* ctx's lookups: its methods, and ctx.hooks, the hooks table loaded now (after a
+ * SIGHUP reload, the new one).  A shared hook reads its settings there, so a table
+ * that inherits code_chat and sets `system`, `maxSteps` or `beforeToolCall` is the
+ * one obeyed, not the base it inherits from. */
+static int ctx_index(lua_State *L)
+{
+  const char *k = lua_tostring(L, 2);
+  if (k && strcmp(k, "hooks") == 0) {
+    lua_rawgeti(L, LUA_REGISTRYINDEX, berth_host_of(L)->hooks_ref);
+    return 1;
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, lua_upvalueindex(1));
+  return 1;
+}
+
 static void push_ctx_new(lua_State *L, berth_conv *c, const json_t *metadata)
 {
   lua_createtable(L, 0, 4);
@@ -117,6 +133,7 @@ static void push_ctx_new(lua_State *L, berth_conv *c, const json_t *metadata)
   if (luaL_newmetatable(L, CTX_MT)) {
     static const luaL_Reg methods[] = {{"emit", ctx_emit}, {"say", ctx_say}, {NULL, NULL}};
     luaL_newlib(L, methods);
+    lua_pushcclosure(L, ctx_index, 1);
     lua_setfield(L, -2, "__index");
   }
   lua_setmetatable(L, -2);

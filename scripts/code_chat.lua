@@ -1,16 +1,37 @@
--- code_chat.lua — the default chat agent hooks: Trigger.dev's code-sandbox pattern
--- (client.md §8.1, §9) on berth.
+-- code_chat.lua — the default chat agent hooks: the code-sandbox pattern of
+-- docs/architecture.md on berth.
 --
 --   onTurnStart  warm the run's sandbox, without waiting
 --   onTurn       the model loop with the executeCode tool (at most maxSteps calls)
 --   onSuspend    dispose the sandbox right before the conversation sleeps
 --   onComplete   dispose it when the conversation ends
 --
--- To change one hook, keep the others:
---   local base = require "code_chat"
---   local M = setmetatable({}, {__index = base})
---   function M.onTurn(ctx, message) ... end
+-- Customise by inheriting: the hooks read their settings from the table your hooks
+-- file returns (ctx.hooks), so whatever you set there wins over the defaults here.
+--
+--   local M = setmetatable({}, {__index = require "code_chat"})
+--   M.system = "You are a terse data analyst. ..."  -- or function(ctx) return "..." end
+--   M.maxSteps = 4                                    -- model calls per turn
+--   function M.beforeToolCall(ctx, call) ... end      -- see below
+--   function M.afterToolCall(ctx, call, result) ... end
+--   function M.onError(ctx, err) ... end
 --   return M
+--
+-- beforeToolCall(ctx, call) runs before each tool call the model makes.  `call` is the
+-- model's call ({id =, type = "function", ["function"] = {name =, arguments = JSON}}).
+-- Return nothing to run it; return a changed call (a table with a "function" field) to
+-- run that instead; return any other table (a result, or {error = message, code =
+-- code}) to hand it to the model as the call's result without running anything.
+--
+-- afterToolCall(ctx, call, result) runs after each call with what the model is about
+-- to get (also when beforeToolCall answered for it); return a table to replace it.
+--
+-- onError(ctx, err) runs when the model fails: err = {source = "model", message =,
+-- code =}.  Return a string to say it to the person and end the turn; return nothing
+-- and the turn fails with err.message (an `error` event).
+--
+-- scripts/examples/ has an approval hook, a logging hook and a cell budget built on
+-- these.
 
 local M = {}
 
@@ -27,21 +48,45 @@ freshInterpreter, the interpreter was restarted: rebuild the variables you need.
 it says freshSandbox, the files you wrote earlier are gone too: pass data again in
 files and rebuild from scratch.]]
 
+-- The table whose settings count: the hooks file's own (it inherits this one).
+local function settings(ctx)
+  local h = ctx.hooks
+  if type(h) == "table" then
+    return h
+  end
+  return M
+end
+
+local function systemPrompt(ctx, H)
+  local sys = H.system
+  if type(sys) == "function" then
+    sys = sys(ctx)
+  end
+  if type(sys) ~= "string" then
+    error(("hooks.system must be a string or a function returning one, not a %s")
+          :format(type(sys)), 0)
+  end
+  return sys
+end
+
 function M.onTurnStart(ctx)
   -- Warm, don't wait: the sandbox opens while the model thinks.  Errors are
   -- swallowed by the layer; a misconfiguration shows on the first executeCode.
   sandbox.warm(ctx.runId, ctx.userId)
 end
 
--- One tool call: the model's arguments (JSON text) to a result table or an error.
--- Guest failures (exit 1, a traceback) are results; infrastructure failures come
--- back as {error = message, code = code} for the model to read.
-local function runTool(call)
+-- One tool call, run: the model's arguments (JSON text) to a result table or an
+-- error.  Guest failures (exit 1, a traceback) are results; infrastructure failures
+-- come back as {error = message, code = code} for the model to read.
+local function execute(call)
   local fn = call["function"] or {}
   if fn.name ~= "executeCode" then
     return {error = "unknown tool " .. tostring(fn.name), code = "invalid_argument"}
   end
-  local args, why = json.decode(fn.arguments or "")
+  local args, why = fn.arguments, nil
+  if type(args) == "string" then
+    args, why = json.decode(args)
+  end
   if type(args) ~= "table" then
     return {error = "the arguments are not a JSON object: " .. tostring(why),
             code = "invalid_argument"}
@@ -58,10 +103,38 @@ local function runTool(call)
   return r
 end
 
+-- A tool call through the hooks' customisation points: the result the model gets.
+local function toolCall(ctx, H, call)
+  local result
+  if H.beforeToolCall then
+    local r = H.beforeToolCall(ctx, call)
+    if r ~= nil and type(r) ~= "table" then
+      error(("beforeToolCall returned a %s: return nothing, a call or a result table")
+            :format(type(r)), 0)
+    end
+    if r ~= nil and r["function"] ~= nil then
+      call = r
+    elseif r ~= nil then
+      result = r
+    end
+  end
+  if result == nil then
+    result = execute(call)
+  end
+  if H.afterToolCall then
+    local r = H.afterToolCall(ctx, call, result)
+    if r ~= nil then
+      result = r
+    end
+  end
+  return result
+end
+
 function M.onTurn(ctx, message)
+  local H = settings(ctx)
   local messages = ctx.messages
   if #messages == 0 then
-    messages[1] = {role = "system", content = M.system}
+    messages[1] = {role = "system", content = systemPrompt(ctx, H)}
   end
   messages[#messages + 1] = {role = "user", content = message}
   local tool, why = sandbox.tool()
@@ -70,13 +143,23 @@ function M.onTurn(ctx, message)
     log.warn("no executeCode tool: " .. tostring(why))
     tools = json.array{}
   end
-  for _ = 1, M.maxSteps do
+  local maxSteps = H.maxSteps
+  if math.type(maxSteps) ~= "integer" or maxSteps < 1 then
+    error("hooks.maxSteps must be a positive integer, not " .. tostring(maxSteps), 0)
+  end
+  for _ = 1, maxSteps do
     local reply, err, code = model.chat{
       messages = messages,
       tools = tools,
       on_delta = function(text) ctx:emit("delta", text) end,
     }
     if not reply then
+      local e = {source = "model", message = tostring(err), code = code}
+      local said = H.onError and H.onError(ctx, e)
+      if type(said) == "string" then
+        ctx:say(said)
+        return
+      end
       error(("the model failed (%s): %s"):format(tostring(code), tostring(err)), 0)
     end
     messages[#messages + 1] = reply
@@ -89,7 +172,7 @@ function M.onTurn(ctx, message)
     end
     for _, call in ipairs(calls) do
       ctx:emit("toolCall", call)
-      local result = runTool(call)
+      local result = toolCall(ctx, H, call)
       if result.error then
         ctx:emit("toolResult", {id = call.id, error = result.error, code = result.code})
       else
@@ -99,7 +182,7 @@ function M.onTurn(ctx, message)
                                  content = json.encode(result)}
     end
   end
-  ctx:say(("(stopped after %d model steps)"):format(M.maxSteps))
+  ctx:say(("(stopped after %d model steps)"):format(maxSteps))
 end
 
 function M.onSuspend(ctx)

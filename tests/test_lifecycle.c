@@ -724,6 +724,36 @@ static int group_teardown(void **state)
   return 0;
 }
 
+/* A hooks file that inherits the shipped approval example (itself code_chat): its own
+ * system prompt is the one used, and a refused cell never reaches the daemon while the
+ * approved one runs for real (issue 14: customisation points through ctx.hooks). */
+static const char inherit_script[] =
+  "return { turns = { { user = 'go', replies = {\n"
+  "  { call = { code = 'x = 1', expect = { stdoutContains = 'python 1: x = 1' } } },\n"
+  "  { call = { code = 'import subprocess', expect = { error = 'not approved',\n"
+  "                                                    errorCode = 'permission' } } },\n"
+  "  { say = 'done' } } } } }\n";
+
+static void test_hooks_inheriting_code_chat_customise_system_and_tool_calls(void **state)
+{
+  (void)state;
+  ht *t0 = calloc(1, sizeof *t0);
+  ht_init(t0);
+  char hooks[256];
+  snprintf(hooks, sizeof hooks, "%s", ht_file(t0, "inherit.lua",
+    "local M = setmetatable({}, {__index = require 'examples.approval'})\n"
+    "M.system = function(ctx) ctx:emit('systemAsked', ctx.runId) return 'Be brief.' end\n"
+    "return M\n"));
+  ht *t = start(inherit_script, hooks, NULL, NULL);
+  send_turn(t, "go");
+  assert_checks(t, 2);
+  assert_int_equal(ht_count(t, "systemAsked"), 1);
+  assert_string_equal(json_string_value(ht_event(t, "systemAsked", 0)), "run-1");
+  assert_int_equal(fwd("SessionRun"), 1);  /* the refused cell never left the host */
+  stop(t);
+  stop(t0);
+}
+
 int main(void)
 {
   plm_global_init();
@@ -740,6 +770,7 @@ int main(void)
     cmocka_unit_test(test_H10_session_id_never_reaches_lua_logs_or_results),
     cmocka_unit_test(test_T01_T02_T14_H13_natives_with_explicit_run_id),
     cmocka_unit_test(test_conversation_freed_mid_call),
+    cmocka_unit_test(test_hooks_inheriting_code_chat_customise_system_and_tool_calls),
   };
   return cmocka_run_group_tests_name("lifecycle", tests, group_setup, group_teardown);
 }
