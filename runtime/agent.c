@@ -81,6 +81,7 @@ static int ctx_emit(lua_State *L)
   const json_t *data = NULL;
   if (!lua_isnoneornil(L, 3))
     data = berth_json_check_boxed(L, 3);
+  berth_charge_event(L, data);
   berth_emit(c->h, c, kind, data);
   if (data)
     berth_json_box_free(L, -1);  /* callbacks borrow it only during the call */
@@ -93,6 +94,7 @@ static int ctx_say(lua_State *L)
   berth_conv *c = ctx_conv(L);
   luaL_checkstring(L, 2);
   const json_t *data = berth_json_check_boxed(L, 2);
+  berth_charge_event(L, data);
   berth_emit(c->h, c, "assistant", data);
   berth_json_box_free(L, -1);
   return 0;

@@ -141,6 +141,14 @@ typedef struct berth_options {
   bool unrestricted;             /* full standard library (berth lua); default off */
   size_t memory_limit;           /* bytes for the Lua state; 0 = none (256 MiB) */
   long long instruction_budget;  /* per hook call; 0 = none (default 200 000 000) */
+  /* Hook calls, also while they run C (pattern matching, natives).  hook_time_limit:
+   * seconds one resumption of a hook call may run before it fails (0 = 5); hook_deadline:
+   * seconds a hook call may take in all, its waits included — a sleep past it is
+   * refused, a call still waiting then is ended (0 = 1800); max_events: events one hook
+   * call may emit (0 = 50 000), their bytes counted against memory_limit.  < 0 (for
+   * the doubles): none.  An unrestricted host (berth lua) has no time limits by default. */
+  double hook_time_limit, hook_deadline;
+  size_t max_events;
   double idle_timeout;           /* seconds before a quiet conversation suspends (30) */
   /* The plimsoll daemon.  A NULL url leaves the sandbox natives answering
    * "Nothing ran (environment): …". */

@@ -263,6 +263,7 @@ static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local
                                                                      : "echo";
   if (berth_daemon_start(&c->local, o->sandboxd, provider, o->verbose) != 0)
     return -1;
+  berth_daemon_watch(&c->local, ev_default_loop(0));  /* started again if it dies */
   c->own = true;
   c->url = c->local.url;
   c->token = strdup(c->local.token);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include <ev.h>
 #include <jansson.h>
 
 #include "berth.h"
@@ -47,6 +48,14 @@ typedef struct berth_daemon {
   char url[256];
   char token[80];
   char token_file[64];
+  /* How it was started, to start it again (berth_daemon_watch). */
+  char *prog, *provider;
+  bool verbose;
+  struct ev_loop *loop;         /* non-NULL while watched */
+  ev_child child;
+  ev_timer retry;
+  double retry_after;           /* seconds before the next attempt */
+  unsigned restarts;
 } berth_daemon;
 
 /* Starts `sandboxd --listen 127.0.0.1:0 --token-file <new file> --provider provider`
@@ -55,6 +64,12 @@ typedef struct berth_daemon {
 int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, bool verbose);
 /* SIGTERM, bounded wait for the drain, SIGKILL if it hangs; removes the token file. */
 void berth_daemon_stop(berth_daemon *d);
+/* Keeps it running on `loop` (libev's default loop: child watchers live there): when
+ * it dies, it is started again (logged) on the same address with the same token, so
+ * the host's client needs no change, and each conversation's next call opens a fresh
+ * sandbox (its session is gone with the old daemon).  A start that fails is retried
+ * (1 s, doubling to 30 s).  The watch does not keep the loop running. */
+void berth_daemon_watch(berth_daemon *d, struct ev_loop *loop);
 
 /* }====================================================== */
 

@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,31 +45,63 @@ void *berth_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 
 #define BUDGET_STEP 1000        /* instructions between two count-hook calls */
 
+enum { STOP_BUDGET = 1, STOP_TIME };
+
+static bool limited(const berth_host *h, const berth_task *t)
+{
+  return t->budget >= 0 || h->hook_time_limit > 0;
+}
+
+/* Whether the task went over a limit now; records which. */
+static bool over_limit(berth_host *h, berth_task *t)
+{
+  if (t->budget == 0)
+    t->stop = STOP_BUDGET;
+  else if (h->hook_time_limit > 0 && berth_clock() - t->resumed > h->hook_time_limit)
+    t->stop = STOP_TIME;
+  else
+    return false;
+  return true;
+}
+
+/* Fails on every line and every instruction from now on, in this thread and (through
+ * berth_budget_arm) in any coroutine it resumes, so that `while true do pcall(f) end`
+ * gets the error again at once (Redis #8661). */
+static int stop_task(lua_State *L, berth_host *h, berth_task *t);
+
 static void budget_hook(lua_State *L, lua_Debug *ar)
 {
   berth_host *h = berth_host_of(L);
   berth_task *t = h->current;
-  if (!t || t->budget < 0)
+  if (!t || !limited(h, t))
     return;
   if (!t->spent) {
-    if (ar->event == LUA_HOOKCOUNT)
-      t->budget -= BUDGET_STEP;
-    if (t->budget > 0)
+    if (ar->event == LUA_HOOKCOUNT && t->budget >= 0) /* clamped: < 0 means none */
+      t->budget = t->budget > BUDGET_STEP ? t->budget - BUDGET_STEP : 0;
+    if (!over_limit(h, t))
       return;
-    t->spent = true;
   }
-  /* Spent: fail on every line and every instruction from now on, in this thread and
-   * (through berth_budget_arm) in any coroutine it resumes, so that
-   * `while true do pcall(f) end` gets the error again at once (Redis #8661). */
+  stop_task(L, h, t);
+}
+
+static int stop_task(lua_State *L, berth_host *h, berth_task *t)
+{
+  t->spent = true;
   lua_sethook(L, budget_hook, LUA_MASKLINE | LUA_MASKCOUNT, 1);
-  luaL_error(L, "%s exceeded its instruction budget of %I instructions", t->what,
-             (LUAI_UACINT)h->o.instruction_budget);
+  if (t->stop == STOP_TIME) {
+    char limit[32];
+    snprintf(limit, sizeof limit, "%g", h->hook_time_limit);
+    return luaL_error(L, "%s ran for more than %s s without waiting (its time limit; "
+                         "time in C functions such as string.find counts)", t->what, limit);
+  }
+  return luaL_error(L, "%s exceeded its instruction budget of %I instructions", t->what,
+                    (LUAI_UACINT)h->o.instruction_budget);
 }
 
 void berth_budget_arm(berth_host *h, lua_State *co)
 {
   berth_task *t = h->current;
-  if (!t || t->budget < 0)
+  if (!t || !limited(h, t))
     return;
   if (t->spent)
     lua_sethook(co, budget_hook, LUA_MASKLINE | LUA_MASKCOUNT, 1);
@@ -76,6 +109,63 @@ void berth_budget_arm(berth_host *h, lua_State *co)
     lua_sethook(co, budget_hook, LUA_MASKCOUNT, BUDGET_STEP);
 }
 
+void berth_charge(lua_State *L, long long steps)
+{
+  berth_host *h = berth_host_of(L);
+  berth_task *t = h->current;
+  if (!t || !h->mem.enforce || !limited(h, t))
+    return;
+  if (!t->spent) {
+    if (t->budget >= 0)
+      t->budget = steps < t->budget ? t->budget - steps : 0;
+    if (!over_limit(h, t))
+      return;
+  }
+  stop_task(L, h, t);
+}
+
+/* }====================================================== */
+
+/* {====================================================== emitted events */
+
+/* What an event holds, roughly in bytes as the face will buffer it: its strings and
+ * keys, and a few bytes of framing per value. */
+static size_t json_weight(const json_t *v, int depth)
+{
+  size_t n = 8;
+  if (depth > 64)
+    return n;
+  if (json_is_string(v))
+    n += json_string_length(v);
+  else if (json_is_object(v)) {
+    const char *k;
+    json_t *m;
+    json_object_foreach((json_t *)v, k, m)
+      n += strlen(k) + json_weight(m, depth + 1);
+  } else if (json_is_array(v))
+    for (size_t i = 0; i < json_array_size(v); i++)
+      n += json_weight(json_array_get(v, i), depth + 1);
+  return n;
+}
+
+void berth_charge_event(lua_State *L, const json_t *data)
+{
+  berth_host *h = berth_host_of(L);
+  berth_task *t = h->current;
+  if (!t)
+    return;
+  t->events++;
+  if (h->max_events && t->events > h->max_events)
+    luaL_error(L, "%s emitted more than %I events (its bound per hook call)", t->what,
+               (LUAI_UACINT)h->max_events);
+  /* Events leave the Lua state (a face buffers them until its client reads them), so
+   * the state's cap would not see them: they count against it for the whole call. */
+  t->event_bytes += json_weight(data, 0);
+  if (h->mem.limit && h->mem.used + t->event_bytes > h->mem.limit)
+    luaL_error(L, "%s emitted %I bytes of events, over the memory cap of %I bytes with "
+                  "the state's own", t->what, (LUAI_UACINT)t->event_bytes,
+               (LUAI_UACINT)h->mem.limit);
+}
 /* }====================================================== */
 
 /* {====================================================== coroutines */
@@ -447,6 +537,8 @@ void berth_restrict(lua_State *L, const char *scripts_dir)
   static const char *const debug_keep[] = {"traceback", NULL};
   static const char *const string_drop[] = {"dump", NULL};
 
+  /* Library functions that could run long in C, bounded (strmatch.c). */
+  berth_open_bounded(L);
   /* Wrapped before their libraries are trimmed. */
   wrap_global(L, "io", "open", safe_open, scripts_dir);
   wrap_global(L, "io", "lines", safe_lines, scripts_dir);

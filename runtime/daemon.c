@@ -102,26 +102,19 @@ static int write_token(berth_daemon *d)
   return ok ? 0 : -1;
 }
 
-int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, bool verbose)
+/* Forks and execs sandboxd listening on `listen`, and reads its `listening URL` line
+ * into d->url.  Returns 0, or -1 (the child, if any, stopped) with a message. */
+static int spawn(berth_daemon *d, const char *listen)
 {
-  memset(d, 0, sizeof *d);
-  d->pid = -1;
-  d->out_fd = -1;
-  if (write_token(d) != 0) {
-    fprintf(stderr, "berth: cannot write a token file: %s\n", strerror(errno));
-    return -1;
-  }
-  char *prog = find_sandboxd(path);
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    free(prog);
+  if (pipe2(fds, O_CLOEXEC) != 0)
     return -1;
-  }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     fprintf(stderr, "berth: fork: %s\n", strerror(errno));
-    free(prog);
+    close(fds[0]);
+    close(fds[1]);
     return -1;
   }
   if (pid == 0) {
@@ -130,15 +123,15 @@ int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, 
     if (getppid() != parent)
       _exit(1);
     dup2(fds[1], STDOUT_FILENO);
-    if (!verbose) {
+    if (!d->verbose) {
       int null = open("/dev/null", O_WRONLY);
       if (null >= 0)
         dup2(null, STDERR_FILENO);
     }
-    char *argv[] = {prog, "--listen", "127.0.0.1:0", "--token-file", d->token_file,
-                    "--provider", (char *)provider, NULL};
-    execvp(prog, argv);
-    dprintf(STDERR_FILENO, "berth: cannot run %s: %s\n", prog, strerror(errno));
+    char *argv[] = {d->prog, "--listen", (char *)listen, "--token-file", d->token_file,
+                    "--provider", d->provider, NULL};
+    execvp(d->prog, argv);
+    dprintf(STDERR_FILENO, "berth: cannot run %s: %s\n", d->prog, strerror(errno));
     _exit(127);
   }
   close(fds[1]);
@@ -161,7 +154,6 @@ int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, 
       line[n] = '\0';
       if (strncmp(line, "listening ", 10) == 0) {
         memcpy(d->url, line + 10, n - 10 + 1);
-        free(prog);
         return 0;
       }
       n = 0;
@@ -170,13 +162,12 @@ int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, 
     n++;
   }
   fprintf(stderr, "berth: %s --provider %s did not start (run with --verbose to see its "
-                  "log)\n", prog, provider);
-  free(prog);
-  berth_daemon_stop(d);
+                  "log)\n", d->prog, d->provider);
   return -1;
 }
 
-void berth_daemon_stop(berth_daemon *d)
+/* Ends the child spawn started (SIGTERM, bounded wait, SIGKILL) and its pipe. */
+static void reap(berth_daemon *d)
 {
   if (d->pid > 0) {
     kill(d->pid, SIGTERM);
@@ -200,10 +191,136 @@ void berth_daemon_stop(berth_daemon *d)
     close(d->out_fd);
     d->out_fd = -1;
   }
+}
+
+int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, bool verbose)
+{
+  memset(d, 0, sizeof *d);
+  d->pid = -1;
+  d->out_fd = -1;
+  if (write_token(d) != 0) {
+    fprintf(stderr, "berth: cannot write a token file: %s\n", strerror(errno));
+    return -1;
+  }
+  d->prog = find_sandboxd(path);
+  d->provider = strdup(provider);
+  d->verbose = verbose;
+  if (spawn(d, "127.0.0.1:0") == 0)
+    return 0;
+  berth_daemon_stop(d);
+  return -1;
+}
+
+/* {====================================================== restarting */
+
+#define RETRY_FIRST 1.0
+#define RETRY_MAX 30.0
+
+static void watch_child(berth_daemon *d)
+{
+  ev_child_set(&d->child, d->pid, 0);
+  ev_child_start(d->loop, &d->child);
+  ev_unref(d->loop);            /* the watch alone keeps no loop running */
+}
+
+/* Starts it again where it listened (its URL is http://127.0.0.1:PORT): the host's
+ * client and token stay valid.  The loop waits meanwhile (a provider's start-up, a
+ * fraction of a second for bwrap or process, seconds for gVisor). */
+static void restart(berth_daemon *d)
+{
+  const char *hostport = strstr(d->url, "://");
+  hostport = hostport ? hostport + 3 : d->url;
+  char listen[sizeof d->url];
+  snprintf(listen, sizeof listen, "%s", hostport);
+  if (spawn(d, listen) == 0) {
+    d->restarts++;
+    d->retry_after = RETRY_FIRST;
+    fprintf(stderr, "berth: the local sandboxd is running again (pid %d, restart %u) at "
+                    "%s; each conversation's next call gets a fresh sandbox\n",
+            (int)d->pid, d->restarts, d->url);
+    watch_child(d);
+    return;
+  }
+  reap(d);
+  fprintf(stderr, "berth: restarting the local sandboxd failed; trying again in %g s\n",
+          d->retry_after);
+  ev_timer_set(&d->retry, d->retry_after, 0.);
+  ev_timer_start(d->loop, &d->retry);
+  ev_unref(d->loop);
+  d->retry_after = d->retry_after * 2 < RETRY_MAX ? d->retry_after * 2 : RETRY_MAX;
+}
+
+static void on_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)revents;
+  berth_daemon *d = w->data;
+  ev_ref(loop);                 /* a stopped watcher gives its reference back */
+  ev_timer_stop(loop, w);
+  restart(d);
+}
+
+static void on_child(struct ev_loop *loop, ev_child *w, int revents)
+{
+  (void)revents;
+  berth_daemon *d = w->data;
+  ev_ref(loop);
+  ev_child_stop(loop, w);
+  int st = w->rstatus;
+  d->pid = -1;                  /* reaped by libev */
+  if (d->out_fd >= 0) {
+    close(d->out_fd);
+    d->out_fd = -1;
+  }
+  if (WIFSIGNALED(st))
+    fprintf(stderr, "berth: the local sandboxd (pid %d) was killed by signal %d; starting "
+                    "it again\n", (int)w->rpid, WTERMSIG(st));
+  else
+    fprintf(stderr, "berth: the local sandboxd (pid %d) exited with status %d; starting "
+                    "it again\n", (int)w->rpid, WEXITSTATUS(st));
+  restart(d);
+}
+
+void berth_daemon_watch(berth_daemon *d, struct ev_loop *loop)
+{
+  if (d->pid <= 0 || d->loop)
+    return;
+  d->loop = loop;
+  d->retry_after = RETRY_FIRST;
+  ev_child_init(&d->child, on_child, d->pid, 0);
+  d->child.data = d;
+  ev_timer_init(&d->retry, on_retry, 0., 0.);
+  d->retry.data = d;
+  watch_child(d);
+}
+
+static void unwatch(berth_daemon *d)
+{
+  if (!d->loop)
+    return;
+  if (ev_is_active(&d->child)) {
+    ev_ref(d->loop);
+    ev_child_stop(d->loop, &d->child);
+  }
+  if (ev_is_active(&d->retry)) {
+    ev_ref(d->loop);
+    ev_timer_stop(d->loop, &d->retry);
+  }
+  d->loop = NULL;
+}
+
+/* }====================================================== */
+
+void berth_daemon_stop(berth_daemon *d)
+{
+  unwatch(d);
+  reap(d);
   if (d->token_file[0]) {
     unlink(d->token_file);
     d->token_file[0] = '\0';
   }
+  free(d->prog);
+  free(d->provider);
+  d->prog = d->provider = NULL;
 }
 
 const char *berth_default_floor(const char *daemon_url)

@@ -28,6 +28,9 @@
 #define DEFAULT_IDLE_TIMEOUT 30.0
 #define DRAIN_LIMIT 10.0        /* seconds berth_host_free waits for cancelled calls */
 #define DEFAULT_SHUTDOWN_GRACE 10.0
+#define DEFAULT_HOOK_TIME_LIMIT 5.0     /* seconds one resumption of a hook call runs */
+#define DEFAULT_HOOK_DEADLINE 1800.0    /* seconds a hook call takes, waits included */
+#define DEFAULT_MAX_EVENTS 50000
 
 void berth_options_init(berth_options *o)
 {
@@ -200,6 +203,7 @@ static void task_unlink(berth_task *t)
     h->tasks = t->next;
   if (t->next)
     t->next->prev = t->prev;
+  ev_timer_stop(h->loop, &t->deadline);
   /* Orphan what it started: completions still to come find no task and release. */
   t->op = NULL;
   while (t->owned)
@@ -256,6 +260,7 @@ static void task_resume(berth_task *t, int nargs)
   bool enforce = h->mem.enforce;
   h->current = t;
   h->mem.enforce = true;
+  t->resumed = berth_clock();
   berth_budget_arm(h, t->co);
   int nres = 0;
   int status = lua_resume(t->co, h->L, nargs, &nres);
@@ -303,6 +308,20 @@ static void on_runq(struct ev_loop *loop, ev_timer *w, int revents)
   }
 }
 
+/* The call's deadline passed while it waited (it cannot be running: this is a loop
+ * callback): it ends as a failed call, its operations cancelled. */
+static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  berth_task *t = w->data;
+  berth_host *h = t->h;
+  char why[256];
+  snprintf(why, sizeof why, "%s did not finish within its deadline of %g s (it was waiting)",
+           t->what, h->hook_deadline);
+  task_end(t, false, why);
+}
+
 berth_task *berth_task_start(berth_host *h, berth_conv *conv, const char *what, int nargs,
                              berth_task_done_fn done, void *ud)
 {
@@ -314,6 +333,11 @@ berth_task *berth_task_start(berth_host *h, berth_conv *conv, const char *what, 
   t->budget = h->o.instruction_budget > 0 ? h->o.instruction_budget : -1;
   t->done = done;
   t->ud = ud;
+  t->started = berth_clock();
+  ev_timer_init(&t->deadline, on_deadline, h->hook_deadline, 0.);
+  t->deadline.data = t;
+  if (h->hook_deadline > 0)
+    ev_timer_start(h->loop, &t->deadline);
   t->co = lua_newthread(L);
   t->ref = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_xmove(L, t->co, nargs + 1);
@@ -488,6 +512,8 @@ static int load_hooks(berth_host *h, char **err)
   int handler = lua_gettop(L);
   h->load_task.budget = h->o.instruction_budget > 0 ? h->o.instruction_budget : -1;
   h->load_task.spent = false;
+  h->load_task.resumed = berth_clock();
+  h->load_task.events = h->load_task.event_bytes = 0;
   berth_task *prev = h->current;
   h->current = &h->load_task;
   h->mem.enforce = true;
@@ -704,6 +730,13 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
   h->loaded_base_ref = LUA_NOREF;
   h->runids_ref = LUA_NOREF;
   h->mem.limit = o->memory_limit;
+  /* 0: the default (none for an unrestricted host: berth lua runs the user's own
+   * program); < 0: none. */
+  h->hook_time_limit = o->hook_time_limit > 0 ? o->hook_time_limit
+                     : o->hook_time_limit == 0 && !o->unrestricted ? DEFAULT_HOOK_TIME_LIMIT : 0;
+  h->hook_deadline = o->hook_deadline > 0 ? o->hook_deadline
+                   : o->hook_deadline == 0 && !o->unrestricted ? DEFAULT_HOOK_DEADLINE : 0;
+  h->max_events = o->max_events ? o->max_events : DEFAULT_MAX_EVENTS;
   h->load_task.h = h;
   h->load_task.what = (char *)"the top level of the hooks file";
   if (o->hooks_file) {

@@ -11,6 +11,7 @@
 #include "jsonlua.h"
 #include "plmlua.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -513,6 +514,19 @@ static int l_sleep(lua_State *L)
   lua_Number s = luaL_checknumber(L, 1);
   luaL_argcheck(L, s >= 0 && s == s, 1, "seconds must be a number >= 0");
   lua_settop(L, 1);
+  /* A sleep may not outlast the hook call's deadline: refused at once rather than
+   * holding the turn (and its conversation's queue) until the deadline ends it. */
+  berth_host *h = berth_host_of(L);
+  berth_task *t = berth_current_task(h);
+  if (t && t->started > 0 && h->hook_deadline > 0) {   /* not the load task */
+    double left = t->started + h->hook_deadline - berth_clock();
+    if (s > left) {
+      char why[160];
+      snprintf(why, sizeof why, "sleep(%g) would outlast %s's deadline (%.3g s left of %g s)",
+               (double)s, t->what, left > 0 ? left : 0., h->hook_deadline);
+      return luaL_error(L, "%s", why);
+    }
+  }
   sleep_op *op = berth_op_push(L, sizeof *op, &sleep_class);
   ev_timer_init(&op->timer, sleep_fired, (ev_tstamp)s, 0.);
   op->timer.data = op;

@@ -6,6 +6,7 @@
  *   contain.c  memory cap, instruction budget, restricted environment, coroutine.*
  *              replacements that let host yields through user coroutines
  *   natives.c  sandbox.*, model.chat, log, sleep, now
+ *   strmatch.c string.find/match/gmatch/gsub with a step count; bounded rep, move
  *   agent.c    conversations: turns, idle suspend, completion, ctx
  *   jsonlua.c  JSON <-> Lua
  *   stats.c    counters, error classes, latency histograms, Prometheus text
@@ -38,6 +39,16 @@ typedef struct berth_mem {
 void *berth_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
 /* Arms the instruction-budget hook on thread co for the current task. */
 void berth_budget_arm(berth_host *h, lua_State *co);
+/* C code of a hook call did `steps` units of work (pattern-matcher steps, table
+ * slots): charged to the instruction budget, and the wall clock of the resumption is
+ * checked; raises (and keeps raising on every line) once either is over. */
+void berth_charge(lua_State *L, long long steps);
+/* An event a hook emits: counted against the call's event bound, and its bytes
+ * against the memory cap; raises when over. */
+void berth_charge_event(lua_State *L, const json_t *data);
+/* string.find/match/gmatch/gsub with a step count (strmatch.c), string.rep and
+ * table.move that cannot loop in C unbounded. */
+void berth_open_bounded(lua_State *L);
 /* Removes what the restricted environment does not allow and wraps what it limits
  * (io.open read-only inside the scripts directory, load text-only, …). */
 void berth_restrict(lua_State *L, const char *scripts_dir);
@@ -60,7 +71,11 @@ struct berth_task {
   lua_State *co;
   int ref;                       /* registry anchor of co */
   long long budget;              /* instructions left; < 0: none */
-  bool spent;                    /* the budget ran out: error on every line */
+  bool spent;                    /* a limit ran out: error on every line */
+  int stop;                      /* which (contain.c) */
+  double started, resumed;       /* berth_clock(): the call's start, this resumption's */
+  size_t events, event_bytes;    /* emitted by this call */
+  ev_timer deadline;             /* the call's deadline (h->hook_deadline) */
   berth_op *op;                  /* what it waits for now */
   berth_op *owned;               /* ops it started that may still complete */
   bool queued;                   /* in the run queue */
@@ -158,6 +173,8 @@ struct berth_host {
   struct ev_loop *loop;
   lua_State *L;
   berth_mem mem;
+  double hook_time_limit, hook_deadline; /* resolved berth_options; 0: none */
+  size_t max_events;
   char *hooks_file, *scripts_dir, *lib_dir;
   int hooks_ref;                 /* the hooks table */
   int loaded_base_ref;           /* package.loaded as it was before any script */

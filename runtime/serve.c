@@ -1517,6 +1517,7 @@ int berth_cmd_serve(int argc, char **argv)
                  ? getenv("BERTH_PROVIDER") : "echo";
     if (berth_daemon_start(&local, a.sandboxd, provider, a.verbose) != 0)
       goto out;
+    berth_daemon_watch(&local, s->loop);  /* started again if it dies (issue 11) */
     own = true;
     daemon_url = local.url;
     daemon_token = strdup(local.token);

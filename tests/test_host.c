@@ -558,6 +558,178 @@ static void test_H16_default_floor_is_container_only_over_http(void **state)
   assert_null(o.minimum_isolation); /* the embedding API's own default: kernel (berth.h) */
 }
 
+/* {====================================================== issue 11: hooks that stall the host */
+
+/* Attack in conversation run-1, then an ordinary turn in run-2 of the same host: the
+ * attack's turn ends with an error naming `why` (logged with run-1), and run-2's turn
+ * is answered.  Both within WAIT: unbounded, the attack would hold the one loop. */
+static void attack_then_other(ht *t, const char *attack, const char *why)
+{
+  berth_conv *other = berth_conv_new(t->host, "run-2", NULL);
+  assert_int_equal(berth_conv_send(t->conv, attack), 0);
+  assert_int_equal(berth_conv_send(other, "return 'other ' .. 'answered'"), 0);
+  assert_true(ht_wait_events(t, "turnEnd", 2, WAIT));
+  const json_t *err = ht_event(t, "error", 0);
+  assert_non_null(err);
+  assert_int_equal(ht_count(t, "error"), 1);
+  assert_contains(json_string_value(json_object_get(err, "message")), why);
+  assert_string_equal(json_string_value(ht_event(t, "assistant", 0)), "other answered");
+  bool logged = false;
+  size_t i;
+  json_t *line;
+  json_array_foreach(t->logs, i, line) {
+    const char *m = json_string_value(line);
+    logged |= strstr(m, "onTurn of conversation run-1 failed") && strstr(m, why);
+  }
+  assert_true(logged);
+  berth_conv_free(other);
+}
+
+static void budget_only(berth_options *o)
+{
+  o->instruction_budget = 2000000;
+  o->hook_time_limit = -1;
+}
+
+static void time_only(berth_options *o)
+{
+  o->instruction_budget = 0;
+  o->hook_time_limit = 0.3;
+}
+
+static const char backtracking[] =
+  "return (string.rep('a', 30000)):find('.-.-.-.-.-.-b')";
+
+/* string.find's matcher runs in C, where the count hook never fires: its steps count
+ * against the instruction budget. */
+static void test_I11_pattern_backtracking_is_charged_to_the_budget(void **state)
+{
+  (void)state;
+  ht *t = start_eval(budget_only);
+  attack_then_other(t, backtracking, "exceeded its instruction budget");
+  /* pcall cannot swallow it: every line fails from then on */
+  assert_contains(turn(t, "while true do pcall(string.find, string.rep('a', 3000), "
+                          "'.-.-.-.-b') end"), "instruction budget");
+  /* ordinary patterns still work as Lua's */
+  assert_string_equal(turn(t, "local k, v = ('key = val'):match('^(%w+)%s*=%s*(%w+)$')\n"
+                              "return k .. '|' .. v .. '|' .. ('a,b,,c'):gsub(',', ';')"),
+                      "key|val|a;b;;c");
+  stop(t);
+}
+
+/* Without a budget, the wall clock of the resumption stops the same match. */
+static void test_I11_time_in_c_is_bounded_by_the_time_limit(void **state)
+{
+  (void)state;
+  ht *t = start_eval(time_only);
+  attack_then_other(t, backtracking, "ran for more than 0.3 s without waiting");
+  assert_contains(turn(t, "return #string.rep('', 1e15)"), "0");    /* no C loop */
+  assert_contains(turn(t, "table.move({}, 1, 1e15, 2)"), "ran for more than");
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+/* A million ctx:emit calls: the call ends at the bound on events, and what it
+ * emitted up to then is exactly the bound. */
+static void test_I11_emit_flood_is_bounded(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  attack_then_other(t, "local ctx = ... for i = 1, 1e6 do ctx:emit('flood', 'x') end", "more than 50000 events");
+  assert_int_equal(ht_count(t, "flood"), 50000);
+  stop(t);
+}
+
+/* Emitted bytes leave the Lua state but count against its cap. */
+static void test_I11_emitted_bytes_count_against_the_memory_cap(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);    /* 32 MiB */
+  attack_then_other(t, "local ctx, s = ..., string.rep('z', 1 << 20)\n"
+                       "for i = 1, 1000 do ctx:emit('big', s) end", "over the memory cap");
+  assert_in_range(ht_count(t, "big"), 1, 31);
+  stop(t);
+}
+
+/* sleep(1e9) would hold the turn (and the conversation's queue) for good. */
+static void test_I11_sleep_is_bounded_by_the_deadline(void **state)
+{
+  (void)state;
+  ht *t = start_eval(NULL);
+  attack_then_other(t, "sleep(1e9)", "would outlast onTurn's deadline");
+  stop(t);
+}
+
+/* A model that never answers (cancel answers "canceled" at once). */
+typedef struct silent_model {
+  berth_model base;
+  berth_reply_fn done;
+  void *ud;
+  int calls, cancels;
+} silent_model;
+
+static int silent_chat(berth_model *m, const json_t *request, berth_delta_fn delta,
+                       berth_reply_fn done, void *ud, berth_model_call **call, char **err)
+{
+  (void)request, (void)delta, (void)err;
+  silent_model *s = (silent_model *)m;
+  s->done = done;
+  s->ud = ud;
+  s->calls++;
+  *call = (berth_model_call *)s;
+  return 0;
+}
+
+static void silent_cancel(berth_model *m, berth_model_call *call)
+{
+  (void)call;
+  silent_model *s = (silent_model *)m;
+  s->cancels++;
+  s->done(s->ud, NULL, "canceled", strdup("canceled"));
+}
+
+static void silent_free(berth_model *m) { (void)m; }
+
+static const berth_model_ops silent_ops = {"silent", silent_chat, silent_cancel, silent_free};
+static silent_model silent = {{&silent_ops}, NULL, NULL, 0, 0};
+
+static void short_deadline(berth_options *o)
+{
+  o->hook_deadline = 0.5;
+  o->model = &silent.base;
+}
+
+/* A call still waiting at its deadline ends (its wait cancelled); another
+ * conversation's turn, sent after it, ended before it. */
+static void test_I11_waiting_call_ends_at_its_deadline(void **state)
+{
+  (void)state;
+  ht *t = start_eval(short_deadline);
+  berth_conv *other = berth_conv_new(t->host, "run-2", NULL);
+  assert_int_equal(berth_conv_send(t->conv, "return model.chat{messages = {}}"), 0);
+  assert_int_equal(berth_conv_send(other, "return 'other'"), 0);
+  assert_true(ht_wait_events(t, "turnEnd", 2, WAIT));
+  assert_int_equal(silent.calls, 1);
+  assert_int_equal(silent.cancels, 1);
+  size_t i;
+  json_t *ev;
+  const char *order[2] = {NULL, NULL};
+  int n = 0;
+  json_array_foreach(t->events, i, ev)
+    if (!strcmp(json_string_value(json_object_get(ev, "kind")), "turnEnd") && n < 2)
+      order[n++] = json_string_value(json_object_get(ev, "run"));
+  assert_string_equal(order[0], "run-2");
+  assert_string_equal(order[1], "run-1");
+  assert_contains(json_string_value(json_object_get(ht_event(t, "error", 0), "message")),
+                  "did not finish within its deadline of 0.5 s");
+  /* the next turn runs normally */
+  berth_conv_free(other);
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+/* }====================================================== */
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -580,6 +752,12 @@ int main(void)
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),
     cmocka_unit_test(test_sighup_signal),
     cmocka_unit_test(test_H16_default_floor_is_container_only_over_http),
+    cmocka_unit_test(test_I11_pattern_backtracking_is_charged_to_the_budget),
+    cmocka_unit_test(test_I11_time_in_c_is_bounded_by_the_time_limit),
+    cmocka_unit_test(test_I11_emit_flood_is_bounded),
+    cmocka_unit_test(test_I11_emitted_bytes_count_against_the_memory_cap),
+    cmocka_unit_test(test_I11_sleep_is_bounded_by_the_deadline),
+    cmocka_unit_test(test_I11_waiting_call_ends_at_its_deadline),
   };
   return cmocka_run_group_tests_name("host", tests, NULL, NULL);
 }

@@ -945,6 +945,95 @@ static void test_sigterm_cancels_after_the_grace(void **state)
 
 /* }====================================================== */
 
+/* {====================================================== issue 11: a local sandboxd that dies */
+
+/* The one child of `berth serve` (its own sandboxd), or -1. */
+static pid_t only_child(pid_t pid)
+{
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  int child = -1;
+  if (fscanf(f, "%d", &child) != 1)
+    child = -1;
+  fclose(f);
+  return child;
+}
+
+typedef struct respawn {
+  const st_server *s;
+  pid_t old;
+} respawn;
+
+/* berth logged the restart (it logs once the new daemon listens). */
+static bool restarted(void *ud)
+{
+  respawn *r = ud;
+  char *log = st_read_log(r->s);
+  bool yes = log && strstr(log, "is running again");
+  free(log);
+  return yes;
+}
+
+/* SIGKILL the sandboxd berth started: berth starts it again (logged), and the
+ * conversation's next cell runs, in a fresh sandbox the model is told about. */
+static void test_I11_local_sandboxd_killed_is_restarted(void **state)
+{
+  (void)state;
+  const char *build = getenv("BUILD") && *getenv("BUILD") ? getenv("BUILD") : "build";
+  char sandboxd[256];
+  snprintf(sandboxd, sizeof sandboxd, "%s/sandboxd", build);
+  const char *args[] = {"--sandboxd", sandboxd, "--provider", "echo", NULL};
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args), 0);
+  char id[40];
+  create(s, 0, NULL, id);
+  long status;
+  json_t *ev = turn(s, 0, id, "x = 1", &status);
+  assert_int_equal(status, 200);
+  assert_true(json_is_true(json_object_get(json_object_get(ev_data(ev, 1), "result"),
+                                           "freshSandbox")));
+  json_decref(ev);
+
+  pid_t old = only_child(s->pid);
+  assert_true(old > 0);
+  assert_int_equal(kill(old, SIGKILL), 0);
+  respawn r = {s, old};
+  CURLM *multi = curl_multi_init();   /* no transfers: st_pump as a bounded wait */
+  assert_true(st_pump(multi, restarted, &r, WAIT));
+  curl_multi_cleanup(multi);
+  pid_t now = only_child(s->pid);
+  assert_true(now > 0 && now != old);
+
+  ev = turn(s, 0, id, "x + 1", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
+  const json_t *res = ev_data(ev, 1);
+  assert_null(json_object_get(res, "error"));
+  const json_t *result = json_object_get(res, "result");
+  assert_true(json_is_true(json_object_get(result, "freshSandbox")));
+  assert_int_equal(json_integer_value(json_object_get(result, "exitCode")), 0);
+  assert_string_equal(json_string_value(json_object_get(result, "stdout")), "python 1: x + 1");
+  json_decref(ev);
+  /* and another conversation too */
+  char id2[40];
+  create(s, 1, NULL, id2);
+  ev = turn(s, 1, id2, "y = 2", &status);
+  assert_int_equal(status, 200);
+  assert_string_equal(json_string_value(json_object_get(
+                        json_object_get(ev_data(ev, 1), "result"), "stdout")),
+                      "python 1: y = 2");
+  json_decref(ev);
+  char *log = st_read_log(s);
+  assert_non_null(strstr(log, "was killed by signal 9"));
+  free(log);
+  stop(s, 0);
+}
+
+/* }====================================================== */
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -964,6 +1053,7 @@ int main(void)
     cmocka_unit_test(test_metrics_parse_and_move),
     cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),
     cmocka_unit_test(test_sigterm_cancels_after_the_grace),
+    cmocka_unit_test(test_I11_local_sandboxd_killed_is_restarted),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
