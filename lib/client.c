@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <ev.h>
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,8 @@ void plm_client_free(plm_client *c)
     plm_http_free(c->http);
     if (c->own_loop && c->loop)
         ev_loop_destroy(c->loop);
+    if (c->token) /* the bearer does not linger in freed memory */
+        OPENSSL_cleanse(c->token, strlen(c->token));
     free(c->token);
     free(c->js_grant);
     free(c->project_grant);

@@ -68,8 +68,6 @@ void plm_details_clear(plm_details *d);
 /* ---- tiers (digest.c) */
 int plm_tier_rank(const char *tier);  /* -1 unknown, 0 none … 4 vm */
 
-#endif
-
 /* ---- answer verification (verify.c): records.md §7 */
 typedef struct plm_chain {
     const char *fingerprint;
@@ -194,3 +192,5 @@ plm_check plm_finish_answer(const char *method, const json_t *req, json_t *resp,
                             plm_record **checked);
 
 struct ev_loop *plm_session_loop(plm_session *s);
+
+#endif

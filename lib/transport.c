@@ -17,6 +17,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <ev.h>
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,8 @@ static void xfer_free(xfer *t)
     plm_cancel_unlisten(&t->cancel_l);
     if (t->easy)
         curl_easy_cleanup(t->easy);
+    for (struct curl_slist *l = t->headers; l; l = l->next) /* one holds the bearer */
+        OPENSSL_cleanse(l->data, strlen(l->data));
     curl_slist_free_all(t->headers);
     free(t->req_body);
     free(t->buf);
@@ -341,6 +344,8 @@ void plm_http_free(plm_http *h)
     ev_timer_stop(h->ev.loop, &h->reap);
     plm_curl_ev_fini(&h->ev); /* removes remaining sockets */
     free(h->base_url);
+    if (h->auth_header)
+        OPENSSL_cleanse(h->auth_header, strlen(h->auth_header));
     free(h->auth_header);
     free(h->ca_file);
     free(h);
