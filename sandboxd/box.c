@@ -25,6 +25,11 @@
 #define START_ERR_KEEP 2048
 #define READ_ROUND (1u << 20)      /* bytes read from one FIFO per wake-up, at most */
 #define DRAIN_LIMIT (4u << 20)     /* bytes read after a cell's end, at most */
+#define REPLY_ROUND 4096u          /* bytes read from a reply FIFO per wake-up, at most */
+/* Replies out of turn (a stale token or nonce, a bad size) a lane may show between two
+ * good ones.  A kernel killed while starting may leave one ready behind; a process in
+ * the sandbox writing frames of its own (a flood) makes many, and ends the sandbox. */
+#define STRAY_REPLIES_MAX 8
 
 enum { F_REQ, F_REP, F_OUT, F_ERR, N_FIFOS };
 static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
@@ -37,6 +42,7 @@ static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
 
 typedef struct op {
     bool active;
+    bool cancelled;                /* its owner gave up (sbx_box_cancel): no callback */
     bool not_run;                  /* complete from the loop as SBX_CELL_NOT_RUN */
     bool no_nonce;                 /* ... as SBX_CELL_NO_NONCE: no random bytes */
     bool sent;                     /* the code left for the kernel */
@@ -65,6 +71,7 @@ typedef struct lane {              /* one language's kernel */
     char start_err[START_ERR_KEEP];
     size_t start_err_len;
     const char *broke;             /* why we had it killed */
+    unsigned strays;               /* replies out of turn since the last good one */
     op op;
 } lane;
 
@@ -228,10 +235,15 @@ static void send_simple(sbx_box *b, int type, int lang, const void *payload, siz
 
 static void op_complete(op *o, sbx_cell_result *r)
 {
-    if (!o->active) {
+    if (!o->active || o->cancelled) { /* nobody waits for it: it only ends */
         free(r->out.data);
         free(r->err.data);
         free(r->text);
+        if (o->active) {
+            free(o->out.data);
+            free(o->err.data);
+            memset(o, 0, sizeof *o);
+        }
         return;
     }
     r->out = o->out;
@@ -310,14 +322,29 @@ static void mark_dead(sbx_box *b, const char *why)
     }
 }
 
+/* Ends the sandbox by force, whatever runs in it: the link is cut (nothing more it says
+ * is read), every process killed, the owner told. */
+static void end_by_force(sbx_box *b, const char *why)
+{
+    stop_link(b);
+    if (!b->exited)
+        b->ops->force_kill(b->bk, b);
+    mark_dead(b, why);
+}
+
 /* The supervisor broke the protocol: nothing it says can be trusted any more. */
 static void violation(sbx_box *b, const char *what)
 {
     sbx_log("sandbox %s broke the supervisor protocol (%s); ending it", b->id, what);
-    stop_link(b);
-    if (!b->exited)
-        b->ops->force_kill(b->bk, b);
-    mark_dead(b, "the sandbox broke the supervisor protocol");
+    end_by_force(b, "the sandbox broke the supervisor protocol");
+}
+
+void sbx_box_abort(sbx_box *b, const char *why)
+{
+    if (b->dead)
+        return; /* gone already, or being closed (which ends it) */
+    sbx_log("sandbox %s: %s; ending it", b->id, why);
+    end_by_force(b, why);
 }
 
 /* ---------------------------------------------------------------- the kernels' FIFOs */
@@ -430,14 +457,33 @@ static void lane_broke(sbx_box *b, int lang, const char *why)
     send_simple(b, SUP_KILL, lang, NULL, 0);
 }
 
+/* A reply out of turn.  Few are a kernel's (a ready of an incarnation that is gone);
+ * many are a process in the sandbox writing frames of its own, which would keep the
+ * daemon reading them: the sandbox is ended as hostile.  True when it was. */
+static bool stray_reply(sbx_box *b, int lang)
+{
+    lane *ln = &b->lane[lang];
+    if (++ln->strays <= STRAY_REPLIES_MAX)
+        return false;
+    sbx_box_abort(b, lang == SUP_LANG_PY
+                         ? "a process in the sandbox wrote frames no kernel sent (stale "
+                           "tokens, a flood) into the python kernel's reply FIFO"
+                         : "a process in the sandbox wrote frames no kernel sent (stale "
+                           "tokens, a flood) into the javascript kernel's reply FIFO");
+    return true;
+}
+
 static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len)
 {
     lane *ln = &b->lane[lang];
     sup_reply rep;
     sup_reply_parse(body, len, &rep);
     if (rep.kind == SUP_REPLY_READY) {
-        if (ln->state != SBX_I_STARTING || memcmp(rep.token, ln->token, SUP_TOKEN_LEN) != 0)
-            return; /* a ready of an incarnation that is gone */
+        if (ln->state != SBX_I_STARTING || memcmp(rep.token, ln->token, SUP_TOKEN_LEN) != 0) {
+            stray_reply(b, lang); /* a ready of an incarnation that is gone, or forged */
+            return;
+        }
+        ln->strays = 0;
         ln->state = SBX_I_IDLE;
         if (b->ev.interp)
             b->ev.interp(b->ud, b, lang, true, NULL);
@@ -451,6 +497,7 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
          * whatever is queued is taken). */
         read_stream(b, lang, F_OUT, DRAIN_LIMIT, true);
         read_stream(b, lang, F_ERR, DRAIN_LIMIT, true);
+        ln->strays = 0;
         ln->state = SBX_I_IDLE;
         sbx_cell_result r;
         memset(&r, 0, sizeof r);
@@ -459,36 +506,44 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
         op_complete(o, &r);
         return;
     }
-    lane_broke(b, lang, "broke the frame protocol (a reply out of turn)");
+    if (!stray_reply(b, lang))
+        lane_broke(b, lang, "broke the frame protocol (a reply out of turn)");
 }
 
+/* One read of a kernel's reply FIFO per wake-up, REPLY_ROUND bytes at most: a FIFO
+ * that never empties (a process in the sandbox may write to it as fast as it likes)
+ * gets its turn like every other watcher and never holds the loop. */
 static void read_replies(sbx_box *b, int lang)
 {
     lane *ln = &b->lane[lang];
-    for (;;) {
-        ssize_t n = read(ln->fd[F_REP], ln->rep + ln->rep_len, sizeof ln->rep - ln->rep_len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return;
-        ln->rep_len += (size_t)n;
-        sup_frame f;
-        sup_split got;
-        while ((got = sup_frame_split(ln->rep, ln->rep_len, 1, SUP_KERNEL_MAX_REPLY, &f)) ==
-               SUP_SPLIT_FRAME) {
-            unsigned char body[SUP_KERNEL_MAX_REPLY];
-            size_t size = f.body_len;
-            memcpy(body, f.body, size);
-            memmove(ln->rep, ln->rep + f.used, ln->rep_len - f.used);
-            ln->rep_len -= f.used;
-            on_reply(b, lang, body, size);
-        }
-        if (got == SUP_SPLIT_BAD) {
-            lane_broke(b, lang, "broke the frame protocol (a reply of a bad size)");
-            drain_fd(ln->fd[F_REP]);
-            return;
-        }
+    unsigned char buf[sizeof ln->rep + REPLY_ROUND];
+    size_t len = ln->rep_len;
+    memcpy(buf, ln->rep, len); /* a frame begun in an earlier read */
+    ssize_t n;
+    do
+        n = read(ln->fd[F_REP], buf + len, REPLY_ROUND);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return;
+    len += (size_t)n;
+    ln->rep_len = 0;
+    size_t at = 0;
+    sup_frame f;
+    sup_split got;
+    while (!b->dead && (got = sup_frame_split(buf + at, len - at, 1, SUP_KERNEL_MAX_REPLY, &f)) ==
+                           SUP_SPLIT_FRAME) {
+        at += f.used;
+        on_reply(b, lang, f.body, f.body_len);
     }
+    if (b->dead)
+        return; /* ended (a flood), or its end reported by a handler */
+    if (got == SUP_SPLIT_BAD) { /* what follows cannot be framed: dropped */
+        if (!stray_reply(b, lang))
+            lane_broke(b, lang, "broke the frame protocol (a reply of a bad size)");
+        return;
+    }
+    memcpy(ln->rep, buf + at, len - at); /* less than a frame */
+    ln->rep_len = len - at;
 }
 
 static void on_fifo(struct ev_loop *loop, ev_io *w, int revents)
@@ -642,6 +697,14 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
         }
         ln->op.files_pending = false;
         uint32_t index = sup_get32(p);
+        if (index == SUP_FILES_ALL_WRITTEN && ln->op.cancelled) {
+            /* its owner gave up while the files were written (the job is gone): the
+             * code is never sent */
+            if (ln->state == SBX_I_RUNNING)
+                ln->state = SBX_I_IDLE;
+            complete_end(&ln->op, SBX_CELL_NOT_RUN, NULL);
+            return;
+        }
         if (index == SUP_FILES_ALL_WRITTEN) {
             if (ln->state == SBX_I_RUNNING)
                 send_request(b, lang);
@@ -1019,6 +1082,17 @@ void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t 
     size_t lens[2] = {8, code->len};
     b->snippet.sent = true;
     send_parts(b, SUP_EXEC, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_cancel(sbx_box *b, int lang)
+{
+    op *o = lang == SUP_LANG_EXEC ? &b->snippet : is_lang(lang) ? &b->lane[lang].op : NULL;
+    if (!o || !o->active)
+        return;
+    o->cancelled = true;
+    o->cb = NULL;
+    o->ud = NULL;
+    o->job = NULL;
 }
 
 void sbx_box_kill(sbx_box *b, int lang)

@@ -127,6 +127,16 @@ void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t 
                   sbx_cell_cb cb, void *ud);
 /* Kills an interpreter (a deadline) or the snippet (SUP_LANG_EXEC). */
 void sbx_box_kill(sbx_box *b, int lang);
+/* The owner of the cell (`lang`) or snippet (SUP_LANG_EXEC) in flight gives up on it:
+ * its callback will never run and its job is no longer read (the owner may free both
+ * now).  The box still follows the operation to its end (the lane stays busy until the
+ * kernel reports it), and drops its result. */
+void sbx_box_cancel(sbx_box *b, int lang);
+/* Ends the sandbox at once by force, whatever runs in it (a supervisor that no longer
+ * answers, a hostile guest): every process is killed, operations in flight complete
+ * SBX_CELL_SANDBOX_GONE with `why` and the owner hears `dead` -- both before this
+ * returns.  A box already dead or closing is left to that. */
+void sbx_box_abort(sbx_box *b, const char *why);
 /* Kills stray processes and measures the disk.  `thorough` when the last call may have
  * started a process: the supervisor then scans instead of trusting a task count. */
 void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud);

@@ -234,8 +234,14 @@ static void note_stderr(sbx_result *r, const char *text)
 
 /* ---------------------------------------------------------------- calls */
 
+/* A call is freed only once nothing else holds it: a box operation still in flight
+ * (its deadline answered first) is cancelled, so its late end finds no call to report
+ * to; a thaw in flight is never left behind (on_deadline waits for it). */
 static void call_free(call *c)
 {
+    if (c->op_active && c->box)
+        sbx_box_cancel(c->box, c->lang);
+    c->op_active = false;
     ev_timer_stop(c->p->loop, &c->deadline);
     ev_timer_stop(c->p->loop, &c->kill_bound);
     ev_timer_stop(c->p->loop, &c->later);
@@ -319,7 +325,21 @@ static void on_kill_bound(struct ev_loop *loop, ev_timer *w, int revents)
     r->end_detail = sbx_xstrdup("an interpreter killed at its deadline could not be proven gone");
     if (c->s)
         c->s->end_told = true;
+    /* Nothing in it can be trusted now, and whatever holds it (a stopped supervisor, a
+     * blocked one) must not hold the close either: it is ended by force, the call's
+     * operation given up first so that its end is nobody's. */
+    if (c->op_active)
+        sbx_box_cancel(c->box, c->lang);
+    c->op_active = false;
+    sbx_box_abort(c->box, "an interpreter killed at its deadline could not be proven gone");
     call_finish(c, r);
+}
+
+static sbx_result *deadline_refusal(const call *c)
+{
+    return refusal(c->job->kind, PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_CAPACITY,
+                   sbx_printf("the call's deadline (%.0f ms) passed before its code was sent; "
+                              "nothing ran", c->timeout_s * 1000));
 }
 
 static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
@@ -328,6 +348,8 @@ static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     call *c = w->data;
     c->timed_out = true;
+    if (c->thawing)
+        return; /* the thaw holds the call (bounded): on_thawed refuses it */
     if (c->sent) { /* the code may be running: kill it, answer 124 when it is gone */
         c->killing = true;
         sbx_box_kill(c->box, c->lang);
@@ -339,9 +361,7 @@ static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     if (c->waiting_interp && c->lang != SUP_LANG_EXEC)
         sbx_box_kill(c->box, c->lang);
     c->waiting_interp = false;
-    call_finish(c, refusal(c->job->kind, PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_CAPACITY,
-                           sbx_printf("the call's deadline (%.0f ms) passed before its code was "
-                                      "sent; nothing ran", c->timeout_s * 1000)));
+    call_finish(c, deadline_refusal(c));
 }
 
 static void on_cell_result(void *ud, sbx_cell_result *cr)
@@ -355,7 +375,11 @@ static void on_cell_result(void *ud, sbx_cell_result *cr)
     case SBX_CELL_FILES_FAILED:
         r = refusal(kind, PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST,
                     sbx_printf("cell.files[%u] could not be written into the work directory "
-                               "(%s); the code was not run", cr->file_index, cr->errcode));
+                               "(%s%s); the code was not run", cr->file_index, cr->errcode,
+                               strcmp(cr->errcode, "ENOTREG") == 0
+                                   ? ": the path names something that is not a regular "
+                                     "file, such as a FIFO"
+                                   : ""));
         break;
     case SBX_CELL_NOT_RUN:
         r = refusal(kind, PLM_FAILED_PRECONDITION, PLM_REFUSAL_ENVIRONMENT,
@@ -899,6 +923,10 @@ static void on_thawed(void *ud, bool ok)
                                 sbx_printf("the suspended sandbox could not be resumed; nothing ran"));
         schedule_tell(s, PLM_END_BOUNDARY_FAILED, "the sandbox could not be thawed");
         call_finish(c, r);
+        return;
+    }
+    if (c->timed_out) { /* its deadline passed during the thaw */
+        call_finish(c, deadline_refusal(c));
         return;
     }
     call_step(c);

@@ -16,7 +16,9 @@
  * a warm cell is one write by the daemon, one wake-up in the sandbox and the kernel's
  * own writes back; the cell's output never shares a channel with a frame, and nothing a
  * cell prints can look like one.  The daemon still treats every frame, from the
- * supervisor or a kernel, as untrusted input: code in the sandbox may be hostile.
+ * supervisor or a kernel, as untrusted input: code in the sandbox may be hostile.  A
+ * kernel's reply FIFO is read a bounded amount per wake-up, and replies out of turn
+ * beyond a few (stale tokens or nonces: someone else writes there) end the sandbox.
  *
  * Daemon -> supervisor:
  *   SUP_START lang                 token[32]: start that language's kernel (it answers
@@ -33,7 +35,8 @@
  *   SUP_EXITED lang                i32 wait status, text: the kernel ended (or could not
  *                                  start: the text says why)
  *   SUP_FILES_DONE lang            u32 failed file index (UINT32_MAX: all written), then
- *                                  an errno-style code ("EPATH") when one failed
+ *                                  an errno-style code ("EPATH"; "ENOTREG": the path is
+ *                                  a FIFO, socket or device, never opened) when one failed
  *   SUP_SWEPT                      u32 processes killed, u8 clean (all strays proven
  *                                  gone), u64 bytes used on the sandbox's writable file
  *                                  systems (0 when not measured)

@@ -237,6 +237,7 @@ static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limi
     const char *env[sizeof child_env / sizeof child_env[0]];
     memcpy(env, child_env, sizeof env);
     env[5] = home;
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
         return pid;
@@ -258,6 +259,11 @@ static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limi
     if (getuid() == 0 && O.uid && /* the supervisor's own uid stays out of the cell's reach */
         (setgroups(0, NULL) != 0 || setresgid(O.gid, O.gid, O.gid) != 0 ||
          setresuid(O.uid, O.uid, O.uid) != 0))
+        _exit(126);
+    /* Ends with the supervisor, however that one ends (killed by force while stopped,
+     * with no group to kill the rest): set after the uid change, which clears it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) /* it ended before that took hold */
         _exit(126);
     execve(argv[0], argv, (char *const *)env);
     char msg[300];
@@ -295,6 +301,23 @@ static void report_exit(int lang, int status, const char *text)
     send_frame(SUP_EXITED, lang, p, 4 + n);
 }
 
+/* Opens a kernel's output FIFO for writing.  The daemon holds it open for reading, so
+ * the open never waits; but the directory is the cells' (same uid), and a FIFO or link
+ * a cell put in its place must not hold the supervisor: O_NONBLOCK and O_NOFOLLOW, the
+ * type checked on the descriptor, then blocking again for the kernel's writes. */
+static int open_output_fifo(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode) ||
+                    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
 static void start_kernel(int lang, const unsigned char *token, size_t len)
 {
     if (len != SUP_TOKEN_LEN || kernel[lang])
@@ -306,9 +329,9 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     tok[SUP_TOKEN_LEN] = '\0';
     as_cells(true);
     snprintf(path, sizeof path, "%s-out", prefix);
-    int out = open(path, O_WRONLY | O_CLOEXEC);
+    int out = open_output_fifo(path);
     snprintf(path, sizeof path, "%s-err", prefix);
-    int err = open(path, O_WRONLY | O_CLOEXEC);
+    int err = open_output_fifo(path);
     as_cells(false);
     if (out < 0 || err < 0) {
         char why[300];
@@ -497,9 +520,15 @@ static void reap(void)
 
 /* ---------------------------------------------------------------- files */
 
+/* write_file's own refusal: the path names something other than a regular file (a
+ * FIFO, a socket, a device), which is never opened for writing. */
+#define E_NOT_REGULAR (-1)
+
 static const char *errno_code(int e)
 {
     switch (e) {
+    case E_NOT_REGULAR:
+        return "ENOTREG";
     case ENOSPC:
     case EDQUOT:
         return "ENOSPC";
@@ -524,7 +553,10 @@ static const char *errno_code(int e)
 
 /* Writes one file under the work directory: every component opened relative to its
  * parent with O_NOFOLLOW (a link planted by an earlier cell is refused, never
- * followed), directories created 0755, the file truncated and written 0644. */
+ * followed), directories created 0755, the file truncated and written 0644.  Every
+ * open is O_NONBLOCK: a FIFO an earlier cell made would otherwise hold the supervisor
+ * in open() (and with it every kill) until someone reads it; the type is checked on
+ * the descriptor, before anything is truncated or written. */
 static int write_file(const unsigned char *path, size_t plen, const unsigned char *data, size_t len)
 {
     char p[1100];
@@ -550,14 +582,14 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
             close(dir); /* a link is never followed (every kernel says so the same way) */
             return ELOOP;
         }
-        int next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (next < 0 && errno == ENOENT) {
             if (mkdirat(dir, comp, 0755) != 0 && errno != EEXIST) {
                 int e = errno;
                 close(dir);
                 return e;
             }
-            next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         }
         int e = errno;
         close(dir);
@@ -575,15 +607,24 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
         close(dir);
         return ELOOP;
     }
-    int fd = openat(dir, comp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fstatat(dir, comp, &lst, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(lst.st_mode)) {
+        close(dir); /* refused by name already; the descriptor's check below decides */
+        return S_ISDIR(lst.st_mode) ? EISDIR : E_NOT_REGULAR;
+    }
+    int fd = openat(dir, comp, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     int e = errno;
     close(dir);
-    if (fd < 0)
-        return e;
+    if (fd < 0) /* ENXIO: a FIFO or a socket nobody reads, swapped in after the check */
+        return e == ENXIO ? E_NOT_REGULAR : e;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return EINVAL;
+        return E_NOT_REGULAR;
+    }
+    if (ftruncate(fd, 0) != 0) {
+        e = errno;
+        close(fd);
+        return e;
     }
     fchmod(fd, 0644);
     while (len) {

@@ -2,13 +2,14 @@
 //
 // Started by the in-sandbox supervisor as `node --expose-internals -e <this> PREFIX TOKEN`
 // with fd 0 /dev/null and fds 1 and 2 the cell's stdout and stderr (FIFOs the daemon
-// reads; writes to them are synchronous on Linux).  It reads requests from the FIFO
-// PREFIX-req and writes replies to PREFIX-rep; a frame is a 4-byte little-endian length
-// and a body:
+// reads; Node writes to them without blocking and queues what the pipe does not take).
+// It reads requests from the FIFO PREFIX-req and writes replies to PREFIX-rep; a frame
+// is a 4-byte little-endian length and a body:
 //   request  nonce (32 ASCII hex) + code (UTF-8)
 //   reply    "R" + TOKEN (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
 //            + spawned ("1" when the cell may have started a process, else "0")
-// Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2.
+// Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2, once
+// everything the cell gave process.stdout and process.stderr has left Node's queue.
 // Notebook semantics: cells run as scripts in this process's global context; top-level
 // let/const/class become var so names can be declared again; top-level await works
 // (Node's REPL transform); a final value that is not undefined is stored as
@@ -70,16 +71,39 @@
     while (off < all.length) off += fs.writeSync(repFd, all, off);
   }
 
+  // The cell's own streams, as they were before any cell could replace them.
+  const stdout = process.stdout;
+  const stderr = process.stderr;
+
+  // Resolves once what the cell wrote to `stream` has left Node's queue.  libuv made the
+  // FIFO non-blocking: a write the pipe does not take at once (20 MiB) waits in the
+  // stream, and an end mark written past it would let a later cell's answer carry it.
+  // Writes complete in order, so the callback of an empty write comes after all of it.
+  // A stream that is gone does not hold the kernel; one that never drains is ended by
+  // the cell's deadline.
+  function drained(stream) {
+    return new Promise((resolve) => {
+      try {
+        while (stream.writableCorked) stream.uncork();
+        if (stream.destroyed || !stream.writable || !stream.writableLength) return resolve();
+        stream.write('', () => resolve());
+      } catch (e) {
+        resolve();
+      }
+    });
+  }
+
   // The end mark on both streams, before the end reply: what a timer or a child writes
   // after it is output between cells, dropped by the daemon.  Shorter than PIPE_BUF, so
-  // written whole and never interleaved; process.stdout writes to pipes are synchronous,
-  // so everything the cell wrote is before it.
-  function endMark(nonce) {
+  // written whole and never interleaved.  A full pipe (a child still writing) is waited
+  // for, never skipped: the daemon reads it all along.
+  async function endMark(nonce) {
     const mark = Buffer.from('\x1f' + nonce + '\x1e', 'latin1');
     for (const fd of [1, 2]) {
-      for (let tries = 0; tries < 1000; tries++) {
+      for (;;) {
         try { fs.writeSync(fd, mark); break; } catch (e) {
           if (e.code !== 'EAGAIN') break; // closed by the cell: the daemon takes what is queued
+          await new Promise((resolve) => setTimeout(resolve, 1));
         }
       }
     }
@@ -180,7 +204,9 @@
       // A rejection the cell left unhandled is reported with it: one turn of the event
       // loop lets Node emit it (only then: the turn costs time every cell would pay).
       if (rejectionPending()) await new Promise((resolve) => setImmediate(resolve));
-      endMark(nonce);
+      await drained(stdout);
+      await drained(stderr);
+      await endMark(nonce);
       send('D' + status + nonce + (spawned || !canTell ? '1' : '0'));
     }
     busy = false;

@@ -140,6 +140,11 @@ def _berth_kernel():
         status = run_cell(code)
         if forked:
             os._exit(0)  # a process the cell forked never goes on as the kernel
+        for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
+            try:           # could leave output behind the end mark
+                os.set_blocking(fd, True)
+            except OSError:
+                pass
         flush()
         # The end mark on both streams, before the end reply: what a thread or a child
         # writes after it is output between cells, dropped by the daemon.
