@@ -21,6 +21,9 @@ typedef struct sbx_app {
     const sbx_facts *facts;
     sbx_registry *sessions;
     struct sbx_testep *testep;     /* NULL without --test-endpoints */
+    /* Single runs executing now, for the admission limits (rpc.c). */
+    uint32_t runs_active;
+    struct run_op *runs;
 } sbx_app;
 
 #endif

@@ -10,25 +10,28 @@
 #include "util.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define CLEANUP_TRIES 300
 #define CLEANUP_RETRY_S 0.01      /* 300 x 10 ms: killed tasks have 3 s to go */
 
 /* The backend's struct sbx_backend begins with its sbx_real_base (cgbox.h). */
-static const sbx_real_base *base_of(sbx_backend *bk)
+static sbx_real_base *base_of(sbx_backend *bk)
 {
-    return (const sbx_real_base *)bk;
+    return (sbx_real_base *)bk;
 }
 
 /* Attaches a new record to the box. */
-static sbx_cgbox *cgbox_new(struct ev_loop *loop, sbx_box *b)
+static sbx_cgbox *cgbox_new(sbx_real_base *base, sbx_box *b)
 {
     sbx_cgbox *c = sbx_xcalloc(1, sizeof *c);
-    c->loop = loop;
+    c->base = base;
+    c->loop = base->loop;
     c->box = b;
     sbx_box_set_backend_data(b, c);
     return c;
@@ -36,10 +39,11 @@ static sbx_cgbox *cgbox_new(struct ev_loop *loop, sbx_box *b)
 
 void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc)
 {
-    const sbx_real_base *base = base_of(bk);
-    if (base->st.root) {
-        bc->uid = base->st.uid;
-        bc->gid = base->st.gid;
+    sbx_real_base *base = base_of(bk);
+    if (base->st.root) { /* a uid of its own; none free: the launch fails */
+        uid_t uid = sbx_uids_take(&base->uids, bc->id);
+        bc->uid = uid;
+        bc->gid = (gid_t)uid;
     }
     if (!base->cgroups) { /* no group: the kernel's per-process limits instead */
         bc->nproc = base->cfg->pids;
@@ -47,26 +51,56 @@ void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc)
     }
 }
 
+uid_t sbx_cgbox_uid(sbx_backend *bk, sbx_box *b, char **why)
+{
+    sbx_real_base *base = base_of(bk);
+    if (!base->st.root)
+        return base->st.uid;
+    uid_t uid = sbx_uids_of(&base->uids, sbx_box_id(b));
+    if (uid == (uid_t)-1)
+        *why = sbx_printf("every uid of --uid-range (%u from %u) is in use by a sandbox",
+                          base->uids.count, (unsigned)base->uids.first);
+    return uid;
+}
+
 typedef struct launch_ctx {
     sbx_cgbox *c;
-    const sbx_state *st;
+    bool drop;                     /* to uid and gid (the daemon is root) */
+    uid_t uid;
+    rlim_t data;                   /* RLIMIT_DATA when there is no group, or 0 */
 } launch_ctx;
 
-/* In the forked child: joins the box's cgroup, then drops to the sandbox uid. */
+/* In the forked child: joins the box's cgroup, then drops to the sandbox's uid.  With
+ * no group, each process's private writable memory is capped instead: Node's Buffers
+ * and ArrayBuffers live outside the V8 heap that --max-old-space-size bounds, and an
+ * address-space limit would stop Node from starting (its heap reservation). */
 static int launch_preexec(void *ud)
 {
     launch_ctx *l = ud;
     int e = l->c->has_cg ? sbx_cgroup_enter(&l->c->cg) : 0;
-    return e ? e : sbx_state_drop_privileges(l->st);
+    if (e)
+        return e;
+    if (l->data) {
+        struct rlimit rl = {l->data, l->data};
+        if (setrlimit(RLIMIT_DATA, &rl) != 0)
+            return errno;
+    }
+    if (l->drop && (setgroups(0, NULL) != 0 || setresgid(l->uid, l->uid, l->uid) != 0 ||
+                    setresuid(l->uid, l->uid, l->uid) != 0))
+        return errno;
+    return 0;
 }
 
 pid_t sbx_cgbox_launch(sbx_backend *bk, sbx_box *b, const char *const *argv, const char *work,
                        int in, int out, int err, char **why)
 {
-    const sbx_real_base *base = base_of(bk);
-    sbx_cgbox *c = cgbox_new(base->loop, b);
+    sbx_real_base *base = base_of(bk);
+    sbx_cgbox *c = cgbox_new(base, b);
     if (work)
         c->work = sbx_xstrdup(work);
+    uid_t uid = sbx_cgbox_uid(bk, b, why);
+    if (uid == (uid_t)-1)
+        return -1;
     if (base->cgroups) {
         sbx_cglimits lim = {(uint64_t)base->cfg->memory_mb << 20, base->cfg->pids,
                             base->cfg->cpus};
@@ -75,7 +109,8 @@ pid_t sbx_cgbox_launch(sbx_backend *bk, sbx_box *b, const char *const *argv, con
         c->has_cg = true;
     }
     static const char *const env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", NULL};
-    launch_ctx l = {c, &base->st};
+    launch_ctx l = {c, base->st.root, uid,
+                    base->cgroups ? 0 : (rlim_t)base->cfg->memory_mb << 20};
     sbx_spawn sp = {.argv = argv, .envp = env, .fd0 = in, .fd1 = out, .fd2 = err,
                     .new_session = true, .die_with_parent = true, .preexec = launch_preexec,
                     .preexec_ud = &l};
@@ -124,12 +159,17 @@ void sbx_cgbox_force_kill(sbx_backend *bk, sbx_box *b)
         kill(c->pid, SIGKILL);
 }
 
+/* The sandbox's processes are gone (or kept: keep_uid): its work directory goes, then
+ * its uid may serve another sandbox. */
 static void cgbox_free(sbx_cgbox *c)
 {
+    sbx_real_base *base = c->base;
     if (c->work) {
         sbx_remove_tree(c->work);
         free(c->work);
     }
+    if (base->st.root && !c->keep_uid)
+        sbx_uids_release(&base->uids, sbx_box_id(c->box));
     free(c);
 }
 
@@ -156,8 +196,10 @@ static void cleanup_step(void *arg)
                 ev_timer_start(c->loop, &c->retry);
                 return;
             }
-            sbx_log("sandbox %s: its cgroup would not go", sbx_box_id(c->box));
+            sbx_log("sandbox %s: its cgroup would not go; its uid stays taken",
+                    sbx_box_id(c->box));
             sbx_cgroup_forget(&c->cg);
+            c->keep_uid = true;
         }
     }
     sbx_box *b = c->box;
@@ -169,12 +211,11 @@ static void cleanup_step(void *arg)
 
 void sbx_cgbox_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
 {
-    struct ev_loop *loop = base_of(bk)->loop;
     sbx_cgbox *c = sbx_box_backend_data(b);
     if (!c) /* never launched: nothing on the host */
-        c = cgbox_new(loop, b);
+        c = cgbox_new(base_of(bk), b);
     c->cleaned = cb;
-    sbx_defer(loop, cleanup_step, c);
+    sbx_defer(c->loop, cleanup_step, c);
 }
 
 void sbx_cgbox_cleanup_sync(sbx_backend *bk, sbx_box *b)

@@ -16,8 +16,10 @@
 #include <ev.h>
 
 struct ev_loop;
+struct sbx_real_base;
 
 typedef struct sbx_cgbox {
+    struct sbx_real_base *base;    /* the backend's (realprov.h) */
     struct ev_loop *loop;
     sbx_box *box;
     sbx_cgroup cg;
@@ -25,14 +27,17 @@ typedef struct sbx_cgbox {
     char *work;                    /* a host directory removed at the end, or NULL */
     pid_t pid;                     /* the launched process */
     int tries;
+    bool keep_uid;                 /* its processes could not be proven gone */
     ev_timer retry;                /* removal retries while killed tasks go */
     void (*cleaned)(sbx_box *b);
 } sbx_cgbox;
 
-/* Fills what every such box shares: the sandbox uid and gid when the daemon is root,
- * and without cgroups the kernel's per-process limits instead (nproc is per uid:
- * shared by this daemon's sandboxes). */
+/* Fills what every such box shares: a uid (and gid) of the box's own from --uid-range
+ * when the daemon is root (uids.h; released once its processes are gone), and without
+ * cgroups the kernel's per-process limits instead. */
 void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc);
+/* The uid box `b` runs as; (uid_t)-1 with *why when it got none (the range is full). */
+uid_t sbx_cgbox_uid(sbx_backend *bk, sbx_box *b, char **why);
 /* Starts argv (PATH the only environment) with in/out/err as its stdin, stdout and
  * stderr, in a new session, in the box's new cgroup when there are cgroups, as the
  * sandbox uid.  `work` (may be NULL) is a host directory removed with the box.

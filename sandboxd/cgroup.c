@@ -122,33 +122,61 @@ static int remove_tree(const char *dir, bool kill_tasks)
     return rc;
 }
 
-/* Removes the groups of daemons that are gone: berth/d<pid>-<start> whose process is
- * not running with that start time. */
-static void reap_stale(void)
+/* Calls fn(hierarchy root, ud) for every cgroup v1 hierarchy mounted under ROOT, not only
+ * the controllers sandboxd writes to: runsc makes the same berth/d<...> parents in every
+ * hierarchy it finds (blkio, cpuacct, cpuset, devices, systemd here), and those must go
+ * with the daemon too.  Links (cpu -> cpu,cpuacct elsewhere) are skipped: the directory
+ * they name is visited under its own name. */
+static void each_hierarchy(void (*fn)(const char *hier, void *ud), void *ud)
 {
-    for (int c = 0; c < SBX_CG_N; c++) {
-        char base[256];
-        snprintf(base, sizeof base, ROOT "/%s/berth", controllers[c]);
-        DIR *d = opendir(base);
-        if (!d)
+    DIR *d = opendir(ROOT);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_type != DT_DIR || e->d_name[0] == '.')
             continue;
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            int pid;
-            char start[32], now[32];
-            if (e->d_name[0] != 'd' || sscanf(e->d_name, "d%d-%31s", &pid, start) != 2)
-                continue;
-            start_time(pid, now, sizeof now);
-            if (*now && strcmp(now, start) == 0)
-                continue; /* that daemon still runs */
-            char dir[600];
-            snprintf(dir, sizeof dir, "%s/%s", base, e->d_name);
-            if (remove_tree(dir, true) == 0)
-                sbx_log("removed the cgroups a stopped sandboxd left (%s/%s)", controllers[c],
-                        e->d_name);
-        }
-        closedir(d);
+        char hier[300];
+        snprintf(hier, sizeof hier, ROOT "/%s", e->d_name);
+        fn(hier, ud);
     }
+    closedir(d);
+}
+
+/* Removes the groups of daemons that are gone in one hierarchy: berth/d<pid>-<start>
+ * whose process is not running with that start time. */
+static void reap_stale_in(const char *hier, void *ud)
+{
+    (void)ud;
+    char base[400];
+    snprintf(base, sizeof base, "%s/berth", hier);
+    DIR *d = opendir(base);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid;
+        char start[32], now[32];
+        if (e->d_name[0] != 'd' || sscanf(e->d_name, "d%d-%31s", &pid, start) != 2)
+            continue;
+        start_time(pid, now, sizeof now);
+        if (*now && strcmp(now, start) == 0)
+            continue; /* that daemon still runs */
+        char dir[700];
+        snprintf(dir, sizeof dir, "%s/%s", base, e->d_name);
+        if (remove_tree(dir, true) == 0)
+            sbx_log("removed the cgroups a stopped sandboxd left (%s)", dir + strlen(ROOT "/"));
+    }
+    closedir(d);
+}
+
+/* This daemon's parent group in one hierarchy, once its sandboxes' groups are gone. */
+static void remove_own_in(const char *hier, void *ud)
+{
+    (void)ud;
+    char path[400];
+    snprintf(path, sizeof path, "%s/berth/%s", hier, daemon_tag);
+    remove_tree(path, false);
 }
 
 bool sbx_cgroup_init(char **why)
@@ -170,7 +198,7 @@ bool sbx_cgroup_init(char **why)
     char start[32];
     start_time(getpid(), start, sizeof start);
     snprintf(daemon_tag, sizeof daemon_tag, "d%d-%s", (int)getpid(), start);
-    reap_stale();
+    each_hierarchy(reap_stale_in, NULL);
     for (int c = 0; c < SBX_CG_N; c++) {
         char path[256];
         snprintf(path, sizeof path, ROOT "/%s/berth", controllers[c]);
@@ -189,13 +217,8 @@ bool sbx_cgroup_init(char **why)
 
 void sbx_cgroup_fini(void)
 {
-    if (!daemon_tag[0])
-        return;
-    for (int c = 0; c < SBX_CG_N; c++) {
-        char path[256];
-        snprintf(path, sizeof path, ROOT "/%s/berth/%s", controllers[c], daemon_tag);
-        remove_tree(path, false);
-    }
+    if (daemon_tag[0])
+        each_hierarchy(remove_own_in, NULL);
 }
 
 int sbx_cgroup_create(sbx_cgroup *cg, const char *name, const sbx_cglimits *lim, char **why)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIN_LIFETIME_MS 1000u
 #define MAX_LIFETIME_MS (12u * 3600u * 1000u)
@@ -50,7 +51,10 @@ static const char usage_text[] =
     "                                 gvisor, bwrap and process providers refuse a project\n"
     "                                 in a session (unimplemented, not dispatched:\n"
     "                                 unsupported) and kill nothing\n"
-    "  --max-sessions-per-caller N    sessions one token may hold (default 0 = no cap)\n"
+    "  --max-sessions-per-caller N    sessions one token may hold; 0 = no cap (default:\n"
+    "                                 half of --max-sessions with two or more tokens, no\n"
+    "                                 cap with one); past it an open is refused\n"
+    "                                 resource_exhausted, not dispatched (capacity)\n"
     "  --max-sessions-per-owner N     sessions one owner of a token may hold; at the cap an\n"
     "                                 open replaces the owner's least recently used idle\n"
     "                                 session (default 0 = no cap)\n"
@@ -59,6 +63,21 @@ static const char usage_text[] =
     "  --session-idle-ms N            idle timeout, 0 = never or 1000 .. 43200000 (default\n"
     "                                 300000 = 5 min); a session no request names by its\n"
     "                                 first idle timeout ends `unclaimed`\n"
+    "  --max-concurrent-runs N        single runs (Run) executing at once; past it a Run\n"
+    "                                 is refused resource_exhausted, not dispatched\n"
+    "                                 (capacity) (default: half the machine's memory, or of\n"
+    "                                 sandboxd's cgroup limit, over --memory-mb, less\n"
+    "                                 --pool; 1 .. 64)\n"
+    "  --max-concurrent-runs-per-caller N\n"
+    "                                 of those, how many one token may run; 0 = no cap\n"
+    "                                 (default: half with two or more tokens)\n"
+    "  --max-connections N            open client connections (default: half the\n"
+    "                                 descriptor limit, raised to its hard limit at start,\n"
+    "                                 at most 4096); past it the oldest connection that\n"
+    "                                 has not sent an authenticated request is closed\n"
+    "  --header-timeout-ms N          a connection that has not sent an authenticated\n"
+    "                                 request this long after it opened is closed (default\n"
+    "                                 10000); calls in progress are never cut\n"
     "  --max-body-bytes N             largest request body (default 8388608 = 8 MiB)\n"
     "  --cell-timeout-ms N            a cell's default deadline (default 30000)\n"
     "  --cell-timeout-max-ms N        the longest a cell may ask for (default 120000)\n"
@@ -71,10 +90,16 @@ static const char usage_text[] =
     "  --session-disk-mb N            a session's files, measured after each call; over it\n"
     "                                 the session ends disk_exceeded (default 1024; 0 = off)\n"
     "  --pool N                       warm sandboxes with interpreters started (default 2)\n"
-    "  --sandbox-uid N                uid (and gid) sandboxed code runs as when sandboxd is\n"
-    "                                 root (default 61000)\n"
+    "  --uid-range FIRST-LAST         uids (and gids) sandboxed code runs as when sandboxd\n"
+    "                                 is root, one per sandbox, never two at once (default\n"
+    "                                 61000 and on: 1000 uids, or what can be live at once if\n"
+    "                                 more); sandboxd refuses to start with fewer\n"
+    "  --sandbox-uid N                the first uid of that range (default 61000)\n"
     "  --state-dir DIR                where sandboxes' host files go (default\n"
     "                                 /run/berth-sandboxd as root, else $TMPDIR)\n"
+    "  --record-key FILE              sign every answer's record with this Ed25519 key (PEM\n"
+    "                                 PKCS #8: `openssl genpkey -algorithm ed25519 -out FILE`;\n"
+    "                                 its public half: `openssl pkey -in FILE -pubout`)\n"
     "  --python PATH, --node PATH     the interpreters (default /usr/bin/python3,\n"
     "                                 /usr/bin/node)\n"
     "  --bwrap PATH, --runsc PATH     the sandbox tools (default /usr/bin/bwrap,\n"
@@ -92,6 +117,47 @@ static void usage_error(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fputs("\n\n", stderr);
     fputs(usage_text, stderr);
+}
+
+/* The memory sandboxd may use: the machine's, or less when its own cgroup (v2) has
+ * a lower memory.max.  0 when unknown. */
+static uint64_t memory_budget_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t total = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    char line[4096], path[4200];
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return total;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strncmp(line, "0::", 3) == 0;
+    fclose(f);
+    if (!found)
+        return total;
+    line[strcspn(line, "\n")] = '\0';
+    snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", line + 3);
+    f = fopen(path, "r");
+    if (!f)
+        return total;
+    unsigned long long max;
+    if (fscanf(f, "%llu", &max) == 1 && max > 0 && (total == 0 || max < total))
+        total = max;
+    fclose(f);
+    return total;
+}
+
+/* Single runs at once, by default: each may take --memory-mb (256 MiB when uncapped),
+ * and together they may take half of the budget, less what the warm pool holds. */
+static uint32_t default_max_runs(const sbx_config *c)
+{
+    uint64_t budget_mb = memory_budget_bytes() >> 20;
+    uint64_t per_mb = c->memory_mb ? c->memory_mb : 256;
+    if (budget_mb == 0)
+        return 8; /* plimsolld's default */
+    uint64_t n = budget_mb / 2 / per_mb;
+    n = n > c->pool ? n - c->pool : 1;
+    return n < 1 ? 1 : n > 64 ? 64 : (uint32_t)n;
 }
 
 /* Strict decimal: digits only, no sign, no spaces, within [min, max]. */
@@ -151,10 +217,19 @@ enum {
     OPT_PER_CALLER, OPT_PER_OWNER, OPT_LIFETIME, OPT_IDLE, OPT_MAX_BODY, OPT_TEST_ENDPOINTS,
     OPT_HELP, OPT_VERSION, OPT_CELL_T, OPT_CELL_TMAX, OPT_SNIP_T, OPT_SNIP_TMAX, OPT_MEMORY,
     OPT_PIDS, OPT_CPUS, OPT_WORK_MB, OPT_DISK_MB, OPT_POOL, OPT_UID, OPT_STATE_DIR, OPT_PYTHON,
-    OPT_NODE, OPT_BWRAP, OPT_RUNSC, OPT_PLATFORM,
+    OPT_NODE, OPT_BWRAP, OPT_RUNSC, OPT_PLATFORM, OPT_UID_RANGE, OPT_RECORD_KEY,
+};
+
+/* Admission and connection limits (issue 11). */
+enum {
+    OPT_MAX_RUNS = 512, OPT_RUNS_PER_CALLER, OPT_MAX_CONNECTIONS, OPT_HEADER_TIMEOUT,
 };
 
 static const struct option long_options[] = {
+    {"max-concurrent-runs", required_argument, NULL, OPT_MAX_RUNS},
+    {"max-concurrent-runs-per-caller", required_argument, NULL, OPT_RUNS_PER_CALLER},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
+    {"header-timeout-ms", required_argument, NULL, OPT_HEADER_TIMEOUT},
     {"listen", required_argument, NULL, OPT_LISTEN},
     {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
     {"provider", required_argument, NULL, OPT_PROVIDER},
@@ -177,9 +252,11 @@ static const struct option long_options[] = {
     {"session-disk-mb", required_argument, NULL, OPT_DISK_MB},
     {"pool", required_argument, NULL, OPT_POOL},
     {"sandbox-uid", required_argument, NULL, OPT_UID},
+    {"uid-range", required_argument, NULL, OPT_UID_RANGE},
     {"state-dir", required_argument, NULL, OPT_STATE_DIR},
     {"python", required_argument, NULL, OPT_PYTHON},
     {"node", required_argument, NULL, OPT_NODE},
+    {"record-key", required_argument, NULL, OPT_RECORD_KEY},
     {"bwrap", required_argument, NULL, OPT_BWRAP},
     {"runsc", required_argument, NULL, OPT_RUNSC},
     {"runsc-platform", required_argument, NULL, OPT_PLATFORM},
@@ -211,6 +288,7 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
     c->lifetime_ms = 30u * 60u * 1000u;
     c->idle_ms = 5u * 60u * 1000u;
     c->max_body_bytes = 8u << 20;
+    c->header_timeout_ms = 10000;
     c->cell_timeout_ms = 30000;
     c->cell_timeout_max_ms = 120000;
     c->snippet_timeout_ms = 5000;
@@ -263,6 +341,25 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
             break;
         case OPT_PER_CALLER:
             if (!set_u32("max-sessions-per-caller", optarg, 0, 1000000, &c->max_per_caller))
+                return 2;
+            c->per_caller_set = true;
+            break;
+        case OPT_MAX_RUNS:
+            if (!set_u32("max-concurrent-runs", optarg, 1, 100000, &c->max_runs))
+                return 2;
+            break;
+        case OPT_RUNS_PER_CALLER:
+            if (!set_u32("max-concurrent-runs-per-caller", optarg, 0, 100000,
+                         &c->max_runs_per_caller))
+                return 2;
+            c->runs_per_caller_set = true;
+            break;
+        case OPT_MAX_CONNECTIONS:
+            if (!set_u32("max-connections", optarg, 1, 1000000, &c->max_connections))
+                return 2;
+            break;
+        case OPT_HEADER_TIMEOUT:
+            if (!set_u32("header-timeout-ms", optarg, 100, 600000, &c->header_timeout_ms))
                 return 2;
             break;
         case OPT_PER_OWNER:
@@ -342,6 +439,23 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
             if (!set_u32("sandbox-uid", optarg, 1, 4000000000u, &c->sandbox_uid))
                 return 2;
             break;
+        case OPT_UID_RANGE: { /* FIRST-LAST, inclusive, never uid 0, at most 65536 uids */
+            uint64_t first, last;
+            const char *dash = strchr(optarg, '-');
+            char *head = dash ? sbx_xstrndup(optarg, (size_t)(dash - optarg)) : NULL;
+            bool good = head && parse_u64(head, 1, 4000000000u, &first) &&
+                        parse_u64(dash + 1, 1, 4000000000u, &last) && last >= first &&
+                        last - first < 65536;
+            free(head);
+            if (!good) {
+                usage_error("--uid-range takes FIRST-LAST (1 .. 4000000000, at most 65536 "
+                            "uids), not \"%s\"", optarg);
+                return 2;
+            }
+            c->sandbox_uid = (uint32_t)first;
+            c->uid_count = (uint32_t)(last - first + 1);
+            break;
+        }
         case OPT_STATE_DIR:
         case OPT_PYTHON:
         case OPT_NODE:
@@ -359,6 +473,10 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
             *field = sbx_xstrdup(optarg);
             break;
         }
+        case OPT_RECORD_KEY:
+            free(c->record_key_path);
+            c->record_key_path = sbx_xstrdup(optarg);
+            break;
         case OPT_HELP:
             fputs(usage_text, stdout);
             return 1;
@@ -387,12 +505,20 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
     }
     if (!c->provider)
         c->provider = sbx_xstrdup("auto");
+    if (!c->max_runs)
+        c->max_runs = default_max_runs(c);
     if (c->cell_timeout_ms > c->cell_timeout_max_ms ||
         c->snippet_timeout_ms > c->snippet_timeout_max_ms) {
         usage_error("%s", "a default timeout is over its maximum");
         return 2;
     }
     return 0;
+}
+
+/* Half, rounded down, but at least 1 of anything there is (0 stays 0). */
+static uint32_t half_share(uint32_t total)
+{
+    return total == 0 ? 0 : total < 2 ? 1 : total / 2;
 }
 
 /* Trims spaces, tabs and a CR (files written on Windows) from both ends. */
@@ -445,6 +571,11 @@ int sbx_config_load_tokens(sbx_config *c)
                 c->token_file);
         return -1;
     }
+    /* With several callers, none may take more than half of what is shared. */
+    if (c->n_tokens >= 2 && !c->per_caller_set)
+        c->max_per_caller = half_share(c->max_sessions);
+    if (c->n_tokens >= 2 && !c->runs_per_caller_set)
+        c->max_runs_per_caller = half_share(c->max_runs);
     return 0;
 }
 
@@ -458,6 +589,7 @@ void sbx_config_free(sbx_config *c)
     free(c->state_dir);
     free(c->python_path);
     free(c->node_path);
+    free(c->record_key_path);
     free(c->bwrap_path);
     free(c->runsc_path);
     free(c->runsc_platform);

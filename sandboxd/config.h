@@ -20,6 +20,14 @@ typedef struct sbx_config {
     uint32_t max_sessions;      /* daemon-wide; 0 turns sessions off */
     uint32_t max_per_caller;    /* 0 = no cap */
     uint32_t max_per_owner;     /* 0 = no cap */
+    bool per_caller_set;        /* else, with two or more tokens: half of max_sessions */
+    /* admission of single runs (Run): executing at once, daemon-wide and per token */
+    uint32_t max_runs;          /* default: half the memory / memory_mb, less the pool */
+    uint32_t max_runs_per_caller; /* 0 = no cap; default as per_caller */
+    bool runs_per_caller_set;
+    /* connections (connguard.h) */
+    uint32_t max_connections;   /* 0: half the descriptors, at most 4096 (http.c) */
+    uint32_t header_timeout_ms; /* 10 s to send a request the daemon accepts */
     uint32_t lifetime_ms;       /* 1 s .. 12 h */
     uint32_t idle_ms;           /* 0 = never suspend */
     size_t max_body_bytes;
@@ -30,9 +38,11 @@ typedef struct sbx_config {
     uint32_t memory_mb, pids, work_mb, disk_mb;          /* 256, 256, 128, 1024 (0 = none) */
     double cpus;                                         /* 1 */
     uint32_t pool;                                       /* warm sandboxes, 2 */
-    uint32_t sandbox_uid;                                /* 61000 (when root) */
+    uint32_t sandbox_uid;                                /* first of the uid range, 61000 */
+    uint32_t uid_count;                                  /* --uid-range size; 0: default */
     char *state_dir;                                     /* NULL: see sbxstate.h */
     char *python_path, *node_path, *bwrap_path, *runsc_path, *runsc_platform;
+    char *record_key_path;         /* --record-key: sign records (records.c), or NULL */
     /* SHA-256 of each token of the token file: the tokens themselves are not kept. */
     unsigned char (*token_hashes)[32];
     size_t n_tokens;

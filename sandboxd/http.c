@@ -15,10 +15,16 @@
  * A call has two owners: MHD (until its request-completed notice) and the handler
  * (until it answers).  Whichever lets go last frees it, so a provider that answers
  * after its connection died never touches freed memory.
+ *
+ * Connections are bounded by a guard (connguard.h): one that has sent no request
+ * that passed the checks below (an authenticated one) within --header-timeout-ms is
+ * closed, and past --max-connections the oldest such is closed for the newcomer, so a
+ * flood of idle connections locks no caller out and never cuts a call in progress.
  */
 #include "http.h"
 
 #include "config.h"
+#include "connguard.h"
 #include "listener.h"
 #include "log.h"
 #include "util.h"
@@ -49,6 +55,9 @@ struct sbx_http {
     void *app;
     struct MHD_Daemon *daemon;
     sbx_listener *listener;
+    connguard *guard;
+    uint64_t refused_conns;        /* MHD_add_connection failures not logged yet */
+    ev_tstamp refused_logged_at;
     unsigned port;
     ev_io io;
     ev_timer timer;
@@ -441,7 +450,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = c;
         read_request_id(c);
         sbx_err *e = check_headers(c, url, method);
-        return e ? refuse_now(c, e) : MHD_YES;
+        if (e)
+            return refuse_now(c, e);
+        connguard_trust(conn); /* a known caller: only MHD's idle timeout from now on */
+        return MHD_YES;
     }
     if (c->answered) /* after a resume (or a spurious call once answered) */
         return queue(c);
@@ -493,6 +505,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         line[--n] = '\0';
+    /* A peer that hung up (or a connection the guard closed) is no event: one line per
+     * connection would let a flood fill the log.  The guard logs a summary. */
+    if (strstr(line, "detected connection closure") ||
+        strstr(line, "reached connection limit")) /* counted in on_accepted */
+        return;
     sbx_log("http: %s", line);
 }
 
@@ -533,13 +550,31 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 
 /* ---------------------------------------------------------------- life cycle */
 
+static void on_guard_notice(void *ud, const char *line)
+{
+    (void)ud;
+    sbx_log("http: %s", line);
+}
+
 /* A connection accepted (and sniffed) by the listener: MHD takes it from here. */
 static void on_accepted(void *ud, int fd, const struct sockaddr *addr, socklen_t len)
 {
     sbx_http *h = ud;
-    /* On failure MHD closes the socket itself. */
-    if (MHD_add_connection(h->daemon, fd, addr, len) != MHD_YES)
-        sbx_log("http: could not take a new connection (limit reached?)");
+    /* The listener hands connections over in batches; connections the guard shut
+     * meanwhile still count against MHD's limit until MHD_run reaps them. */
+    if (connguard_unreaped(h->guard) >= 8)
+        run_mhd(h);
+    /* On failure MHD closes the socket itself.  Logged once per 10 s at most: a flood
+     * must not become a flood of log lines. */
+    if (MHD_add_connection(h->daemon, fd, addr, len) != MHD_YES) {
+        h->refused_conns++;
+        if (ev_now(h->loop) - h->refused_logged_at >= 10.) {
+            sbx_log("http: could not take %llu new connections (limit reached?)",
+                    (unsigned long long)h->refused_conns);
+            h->refused_conns = 0;
+            h->refused_logged_at = ev_now(h->loop);
+        }
+    }
     ev_timer_start(h->loop, &h->kick); /* external mode: MHD picks it up in MHD_run */
 }
 
@@ -557,17 +592,26 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
         free(h);
         return NULL;
     }
+    /* Every connection is a descriptor: take all the kernel allows, and keep half of
+     * them (by default) for the sandboxes. */
+    unsigned long fds = connguard_raise_fd_limit();
+    unsigned max_conns = cfg->max_connections ? cfg->max_connections
+                                              : connguard_default_limit(fds);
+    h->guard = connguard_new(loop, max_conns, cfg->header_timeout_ms / 1000.0);
+    connguard_on_notice(h->guard, on_guard_notice, h);
     /* MHD gets no listening socket: the listener accepts and hands connections over. */
     h->daemon = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG,
         0, NULL, NULL, on_request, h,
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first, so every message goes through it */
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, connguard_notify, h->guard,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)1000,
+        MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(h->guard),
         MHD_OPTION_END);
     if (!h->daemon) {
         *why = sbx_xstrdup("libmicrohttpd would not start (epoll with suspend/resume)");
+        connguard_free(h->guard);
         close(listen_fd);
         free(h);
         return NULL;
@@ -576,6 +620,7 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
     if (!info || info->epoll_fd < 0) {
         *why = sbx_xstrdup("libmicrohttpd has no epoll fd");
         MHD_stop_daemon(h->daemon);
+        connguard_free(h->guard);
         close(listen_fd);
         free(h);
         return NULL;
@@ -590,7 +635,14 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
     ev_prepare_init(&h->prepare, on_prepare);
     h->prepare.data = h;
     ev_prepare_start(loop, &h->prepare);
-    h->listener = sbx_listener_new(loop, listen_fd, on_accepted, h);
+    /* Connections yet to say their first byte wait in the listener: a quarter more. */
+    size_t max_silent = max_conns / 4 > 16 ? max_conns / 4 : 16;
+    h->listener = sbx_listener_new(loop, listen_fd, cfg->header_timeout_ms / 1000.0,
+                                   max_silent, on_accepted, h);
+    sbx_log("http: at most %u connections (descriptor limit %lu), %u ms to send an "
+            "authenticated request, %u runs at once (%u per caller), %u sessions per caller",
+            max_conns, fds, cfg->header_timeout_ms, cfg->max_runs, cfg->max_runs_per_caller,
+            cfg->max_per_caller);
     return h;
 }
 
@@ -626,5 +678,6 @@ void sbx_http_free(sbx_http *h)
     ev_prepare_stop(h->loop, &h->prepare);
     sbx_listener_free(h->listener);
     MHD_stop_daemon(h->daemon); /* closes the connections, each with its completed notice */
+    connguard_free(h->guard);
     free(h);
 }

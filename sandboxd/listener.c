@@ -14,9 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SNIFF_TIMEOUT_S 10.  /* a client silent this long goes to MHD (its own timeouts) */
 #define LINGER_S 2.          /* after turning TLS away: read until the peer closes */
-#define MAX_SNIFFING 256     /* beyond this many, connections go to MHD unsniffed */
+#define BACKLOG 1024         /* a burst of connections waits here, not in SYN retries */
 #define TLS_HANDSHAKE 0x16
 
 static const char tls_refusal[] =
@@ -43,9 +42,11 @@ struct sbx_listener {
     int fd;
     ev_io io;
     ev_timer retry;                /* accept again after running out of descriptors */
+    double silent_s;               /* a client silent this long is closed */
+    size_t max_silent;             /* past this many, the oldest silent one is closed */
     sbx_accept_cb cb;
     void *ud;
-    sniff *sniffing;
+    sniff *sniffing, *last;        /* oldest first */
     size_t n_sniffing;
 };
 
@@ -69,7 +70,7 @@ int sbx_listen_bind(const char *host, const char *port, unsigned *bound_port, ch
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, BACKLOG) != 0) {
             last_errno = errno;
             close(fd);
             fd = -1;
@@ -101,6 +102,8 @@ static void sniff_unlink(sniff *s)
         l->sniffing = s->next;
     if (s->next)
         s->next->prev = s->prev;
+    else
+        l->last = s->prev;
     l->n_sniffing--;
 }
 
@@ -171,15 +174,26 @@ static void on_sniff_readable(struct ev_loop *loop, ev_io *w, int revents)
         hand_over(s);
 }
 
+/* Refused, or silent for the whole header timeout: a client that means to call sends
+ * its request at once, and one that does not would hold a descriptor for nothing. */
 static void on_sniff_timeout(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop;
     (void)revents;
-    sniff *s = w->data;
-    if (s->refusing)
-        drop(s);
-    else
+    drop(w->data);
+}
+
+/* A flood of silent connections: the oldest goes, as on MHD's side (connguard.h).  It
+ * may have spoken since the last loop iteration (accepting comes first): then it is
+ * handed over as it would have been, not cut. */
+static void make_room(sbx_listener *l)
+{
+    sniff *s = l->sniffing;
+    unsigned char first;
+    if (!s->refusing && recv(s->fd, &first, 1, MSG_PEEK) == 1 && first != TLS_HANDSHAKE)
         hand_over(s);
+    else
+        drop(s);
 }
 
 /* ---------------------------------------------------------------- accepting */
@@ -210,10 +224,8 @@ static void on_acceptable(struct ev_loop *loop, ev_io *w, int revents)
             }
             return; /* EAGAIN, or a connection that died in the backlog */
         }
-        if (l->n_sniffing >= MAX_SNIFFING) {
-            l->cb(l->ud, fd, (struct sockaddr *)&ss, len);
-            continue;
-        }
+        if (l->n_sniffing >= l->max_silent)
+            make_room(l);
         sniff *s = sbx_xcalloc(1, sizeof *s);
         s->l = l;
         s->fd = fd;
@@ -221,23 +233,28 @@ static void on_acceptable(struct ev_loop *loop, ev_io *w, int revents)
         s->addr_len = len;
         ev_io_init(&s->io, on_sniff_readable, fd, EV_READ);
         s->io.data = s;
-        ev_timer_init(&s->timer, on_sniff_timeout, SNIFF_TIMEOUT_S, 0.);
+        ev_timer_init(&s->timer, on_sniff_timeout, l->silent_s, 0.);
         s->timer.data = s;
         ev_io_start(loop, &s->io);
         ev_timer_start(loop, &s->timer);
-        s->next = l->sniffing;
-        if (l->sniffing)
-            l->sniffing->prev = s;
-        l->sniffing = s;
+        s->prev = l->last;
+        if (l->last)
+            l->last->next = s;
+        else
+            l->sniffing = s;
+        l->last = s;
         l->n_sniffing++;
     }
 }
 
-sbx_listener *sbx_listener_new(struct ev_loop *loop, int listen_fd, sbx_accept_cb cb, void *ud)
+sbx_listener *sbx_listener_new(struct ev_loop *loop, int listen_fd, double silent_s,
+                               size_t max_silent, sbx_accept_cb cb, void *ud)
 {
     sbx_listener *l = sbx_xcalloc(1, sizeof *l);
     l->loop = loop;
     l->fd = listen_fd;
+    l->silent_s = silent_s;
+    l->max_silent = max_silent ? max_silent : 1;
     l->cb = cb;
     l->ud = ud;
     ev_io_init(&l->io, on_acceptable, listen_fd, EV_READ);

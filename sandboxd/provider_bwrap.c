@@ -5,8 +5,8 @@
  * of read-only binds of /usr (and the /bin, /lib... links into it), a generated /etc
  * and the supervisor binary; /proc of the new PID namespace; a minimal /dev.
  *
- * bubblewrap runs as the sandbox uid (--sandbox-uid, default 61000, when the daemon is
- * root), mapped to the same uid inside, and keeps its capabilities inside the new user
+ * bubblewrap runs as a uid of the sandbox's own (--uid-range, default 61000-61999, when
+ * the daemon is root; uids.h), mapped to the same uid inside, and keeps its capabilities inside the new user
  * namespace only for the supervisor (PID 1), which then mounts the work directory,
  * /tmp and /dev/shm as sized tmpfs with noexec, nosuid and nodev, drops every
  * capability, sets no_new_privs, limits core size and open files, and installs the
@@ -27,7 +27,6 @@
 
 struct sbx_backend {
     sbx_real_base base;            /* first (cgbox.h) */
-    char uid[16];
     char *links[8][2];             /* host top-level links into /usr: {name, target} */
     char *binds[8];                /* host top-level directories bound read-only */
     size_t n_links, n_binds;
@@ -50,7 +49,6 @@ static sbx_backend *bwrap_create(struct ev_loop *loop, const sbx_config *cfg, ch
         free(bk);
         return NULL;
     }
-    snprintf(bk->uid, sizeof bk->uid, "%u", (unsigned)bk->base.st.uid);
     for (size_t i = 0; i < sizeof top_level / sizeof top_level[0]; i++) {
         char path[64], target[256];
         snprintf(path, sizeof path, "/%s", top_level[i]);
@@ -95,10 +93,15 @@ static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err,
 {
     const char *argv[MAX_ARGS];
     size_t n = 0;
+    char uid[16]; /* the box's own (cgbox.h), mapped to itself inside */
+    uid_t u = sbx_cgbox_uid(bk, b, why);
+    if (u == (uid_t)-1)
+        return -1;
+    snprintf(uid, sizeof uid, "%u", (unsigned)u);
     const char *fixed[] = {
         bk->base.cfg->bwrap_path, "--unshare-user", "--unshare-pid", "--unshare-net",
-        "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", bk->uid, "--gid",
-        bk->uid, "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
+        "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", uid, "--gid",
+        uid, "--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1",
         "--cap-add", "ALL", "--ro-bind", "/usr", "/usr",
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)

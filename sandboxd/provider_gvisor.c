@@ -158,7 +158,7 @@ static sbx_backend *gvisor_create(struct ev_loop *loop, const sbx_config *cfg, c
     if (mkdir(bk->runsc_root, 0700) != 0 || mkdir(bk->bundles, 0700) != 0 ||
         make_rootfs(bk->rootfs) != 0) {
         *why = sbx_printf("cannot prepare %s: %s", dir, strerror(errno));
-        sbx_state_fini(&bk->base.st);
+        sbx_real_base_fini(&bk->base);
         free(bk->runsc_root);
         free(bk->rootfs);
         free(bk->bundles);
@@ -184,10 +184,14 @@ static void gvisor_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->io = "/.berth/io";
     snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->base.st.dir, bc->id);
     bc->host_io = bk->io;
-    bc->uid = bk->base.st.uid;
-    bc->gid = bk->base.st.gid;
-    bc->run_as_uid = bk->base.st.uid; /* the supervisor is root inside, the cells are not */
-    bc->run_as_gid = bk->base.st.gid;
+    /* A uid of the box's own (uids.h): the cells run as it inside, and it owns the box's
+     * FIFOs on the host, which gVisor's gofer checks against it.  None free: 0, and the
+     * launch fails (the cells never run as root). */
+    uid_t uid = sbx_uids_take(&bk->base.uids, bc->id);
+    bc->uid = uid;
+    bc->gid = (gid_t)uid;
+    bc->run_as_uid = uid == (uid_t)-1 ? 0 : uid; /* the supervisor is root inside */
+    bc->run_as_gid = bc->run_as_uid;
     bc->supervisor_path = "/.berth/supervisor";
     bc->nproc = bk->base.cfg->pids;       /* enforced by gVisor's kernel, per sandbox */
     bc->as_mb = bk->base.cfg->memory_mb;  /* the Python kernel's address space */
@@ -292,6 +296,11 @@ static pid_t gvisor_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err
     g->id = sbx_printf("berth-%s-%s", sbx_cgroup_daemon_tag()[0] ? sbx_cgroup_daemon_tag() + 1
                                                                    : "x", sbx_box_id(b));
     g->bundle = sbx_printf("%s/%s", bk->bundles, sbx_box_id(b));
+    if (sbx_uids_of(&bk->base.uids, sbx_box_id(b)) == (uid_t)-1) {
+        *why = sbx_printf("every uid of --uid-range (%u from %u) is in use by a sandbox",
+                          bk->base.uids.count, (unsigned)bk->base.uids.first);
+        return -1;
+    }
     if (mkdir(g->bundle, 0700) != 0) {
         *why = sbx_printf("cannot create %s: %s", g->bundle, strerror(errno));
         return -1;
@@ -374,6 +383,8 @@ static void gbox_free(gbox *g)
             free(d);
         }
     }
+    /* The sandbox is deleted: no process of it is left to run as its uid. */
+    sbx_uids_release(&g->bk->base.uids, sbx_box_id(g->box));
     free(g->id);
     free(g);
 }

@@ -1,8 +1,10 @@
 /*
  * provider_process.c — the `process` provider, tier `process`: the supervisor and the
- * interpreters run as plain child processes in a private work directory, as the sandbox
- * uid when the daemon is root (--sandbox-uid), with limits from a cgroup v1 group when
- * the daemon is root (rlimits otherwise).  No namespaces and no filter: it is for
+ * interpreters run as plain child processes in a private work directory, as a uid of the
+ * sandbox's own when the daemon is root (--uid-range, uids.h: the only boundary between
+ * two such sandboxes), with limits from a cgroup v1 group when the daemon is root
+ * (rlimits otherwise).  The work directory is removed by descriptors, never by path
+ * (sbx_remove_tree): the sandbox may swap links into it while it goes.  No namespaces and no filter: it is for
  * development, offered only when asked for (--provider process), never by auto.
  */
 #include "cgbox.h"
@@ -58,7 +60,10 @@ static pid_t proc_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err, 
     const sbx_state *st = &bk->base.st;
     const char *const *argv = sbx_box_supervisor_argv(b);
     const char *work = argv[3] + strlen("work=");
-    if (mkdir(work, 0700) != 0 || (st->root && chown(work, st->uid, st->gid) != 0)) {
+    uid_t uid = sbx_cgbox_uid(bk, b, why);
+    if (uid == (uid_t)-1)
+        return -1;
+    if (mkdir(work, 0700) != 0 || (st->root && chown(work, uid, (gid_t)uid) != 0)) {
         *why = sbx_printf("cannot create the work directory %s: %s", work, strerror(errno));
         return -1;
     }

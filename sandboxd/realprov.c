@@ -22,17 +22,23 @@
 #include "realprov.h"
 
 #include "cgroup.h"
+#include "kernels.h"
 #include "log.h"
 #include "util.h"
 
+#include <errno.h>
 #include <ev.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define OUTPUT_CAP 65536u              /* per stream (daemon.md §7) */
 #define KILL_BOUND_S 5.0               /* an interpreter's death after SUP_KILL */
@@ -130,6 +136,8 @@ struct sbx_provider {
     call *runs;
     smoke *smoke;
     char host_release[128];
+    /* software identities (Describe, answers, records): see software_identity() */
+    char ident_js[128], ident_session[128], ident_project[128];
 };
 
 static void pool_fill(sbx_provider *p);
@@ -278,6 +286,11 @@ static void call_finish(call *c, sbx_result *r)
     if (c->next)
         c->next->prev = c->prev;
     sbx_box *box = c->box;
+    if (r->status == SBX_RUN_ANSWERED && !r->software_identity) {
+        const sbx_env_facts *env = c->job->kind == SBX_KIND_PROJECT ? &p->facts.project
+                                                                    : &p->facts.javascript;
+        r->software_identity = sbx_xstrdup(env->software_identity);
+    }
     call_free(c);
     cb(ud, r);
     if (box)
@@ -809,7 +822,7 @@ static void on_sess_ready(void *ud, sbx_box *b, const char *err)
     for (int l = 1; l <= 2; l++) /* warm what the open hinted */
         if (s->fresh[l] && (p->langs & lang_bit(l)))
             sbx_box_start(b, l);
-    cb(cb_ud, NULL, s, p->be->tier, "");
+    cb(cb_ud, NULL, s, p->be->tier, p->facts.session.software_identity);
 }
 
 static void on_open_later(struct ev_loop *loop, ev_timer *w, int revents)
@@ -818,7 +831,7 @@ static void on_open_later(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     sbx_psession *s = w->data;
     s->opening = false;
-    s->open_cb(s->open_ud, NULL, s, s->p->be->tier, "");
+    s->open_cb(s->open_ud, NULL, s, s->p->be->tier, s->p->facts.session.software_identity);
 }
 
 /* A warm member for a new session, or NULL. */
@@ -1223,6 +1236,117 @@ static void on_pool_check(struct ev_loop *loop, ev_timer *w, int revents)
     pool_fill(p);
 }
 
+/* ---------------------------------------------------------------- software identity */
+
+/* What a sandbox executes, named the way plimsoll names an image's software
+ * (`oci-manifest:linux/amd64@sha256:<hex>`, wire.md §5.1): a kind, the platform and the
+ * SHA-256 of a manifest.  sandboxd has no image: its manifest is a text listing, per
+ * environment, every executable a run there starts and the SHA-256 of its content --
+ * the supervisor (this binary), the interpreters (their real paths), the shell that
+ * runs project steps and the kernels' sources -- so the identity changes exactly when
+ * one of them does, and a software rule naming it pins them all. */
+
+#define IDENT_KIND "berth-manifest"
+
+static bool sha256_of_file(const char *path, plm_hex hex)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+    static unsigned char buf[1 << 20];
+    ssize_t n;
+    while (ok && (n = read(fd, buf, sizeof buf)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        ok = n > 0 && EVP_DigestUpdate(ctx, buf, (size_t)n) == 1;
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    ok = ok && EVP_DigestFinal_ex(ctx, md, &len) == 1 && len == 32;
+    EVP_MD_CTX_free(ctx);
+    close(fd);
+    for (unsigned i = 0; ok && i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    return ok;
+}
+
+/* Appends "<role> <real path> sha256:<hex>\n"; false when it cannot be read. */
+static bool manifest_file(char **m, const char *role, const char *path)
+{
+    char real[PATH_MAX];
+    plm_hex hex;
+    if (!realpath(path, real) || !sha256_of_file(real, hex))
+        return false;
+    char *next = sbx_printf("%s%s %s sha256:%s\n", *m, role, real, hex);
+    free(*m);
+    *m = next;
+    return true;
+}
+
+static void manifest_text(char **m, const char *role, const char *text)
+{
+    plm_hex hex;
+    plm_sha256_hex(text, strlen(text), hex);
+    char *next = sbx_printf("%s%s sha256:%s\n", *m, role, hex);
+    free(*m);
+    *m = next;
+}
+
+static const char *platform_arch(void)
+{
+    static struct utsname u;
+    if (uname(&u) != 0)
+        return "unknown";
+    if (!strcmp(u.machine, "x86_64"))
+        return "amd64";
+    if (!strcmp(u.machine, "aarch64"))
+        return "arm64";
+    return u.machine;
+}
+
+/* The identity of an environment that runs `langs` (plus the shell when `shell`), into
+ * `out`; "" when a part cannot be read (then no rule can be met, as before). */
+static void software_identity(const sbx_provider *p, unsigned langs, bool kernels, bool shell,
+                              char *out, size_t size)
+{
+    char *m = sbx_printf("berth sandbox software 1\nplatform linux/%s\nprovider %s\n",
+                         platform_arch(), p->be->name);
+    bool ok = manifest_file(&m, "supervisor", "/proc/self/exe");
+    if (langs & SBX_LANG_JAVASCRIPT) {
+        ok = ok && manifest_file(&m, "javascript", p->cfg->node_path);
+        if (kernels)
+            manifest_text(&m, "kernel.js", sbx_kernel_js);
+    }
+    if (langs & SBX_LANG_PYTHON) {
+        ok = ok && manifest_file(&m, "python", p->cfg->python_path);
+        if (kernels)
+            manifest_text(&m, "kernel.py", sbx_kernel_py);
+    }
+    if (shell)
+        ok = ok && manifest_file(&m, "shell", "/bin/sh");
+    plm_hex hex;
+    plm_sha256_hex(m, strlen(m), hex);
+    free(m);
+    if (ok)
+        snprintf(out, size, IDENT_KIND ":linux/%s@sha256:%s", platform_arch(), hex);
+    else
+        out[0] = '\0';
+}
+
+/* Once the smoke test proved `langs`: what Describe, answers and records state. */
+static void set_identities(sbx_provider *p, unsigned langs)
+{
+    software_identity(p, langs & SBX_LANG_JAVASCRIPT, false, false, p->ident_js,
+                      sizeof p->ident_js);
+    software_identity(p, langs, true, false, p->ident_session, sizeof p->ident_session);
+    software_identity(p, langs, false, true, p->ident_project, sizeof p->ident_project);
+    p->facts.javascript.software_identity = p->ident_js;
+    p->facts.session.software_identity = p->ident_session;
+    p->facts.project.software_identity = p->ident_project;
+}
+
 /* ---------------------------------------------------------------- smoke test */
 
 static const char probe_py[] =
@@ -1267,6 +1391,7 @@ static void on_smoke_box_closed(void *ud)
         p->facts.session.languages = k->ok;
         p->facts.supports_javascript = (k->ok & SBX_LANG_JAVASCRIPT) != 0;
         p->facts.javascript.languages = k->ok & SBX_LANG_JAVASCRIPT;
+        set_identities(p, k->ok);
         p->serving = true;
     }
     sbx_smoke_cb cb = k->cb;
@@ -1466,8 +1591,14 @@ int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_conf
 {
     base->loop = loop;
     base->cfg = cfg;
+    base->uids.lock_fd = -1;
     if (sbx_state_init(&base->st, cfg, name, reap, reap_ud, why) != 0)
         return -1;
+    if (base->st.root && sbx_uids_init(&base->uids, (uid_t)cfg->sandbox_uid, sbx_uids_count(cfg),
+                                       sbx_uids_need(cfg), why) != 0) {
+        sbx_state_fini(&base->st);
+        return -1;
+    }
     char *cgwhy = NULL;
     base->cgroups = sbx_cgroup_init(&cgwhy);
     if (!base->cgroups) {
@@ -1480,6 +1611,7 @@ int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_conf
 void sbx_real_base_fini(sbx_real_base *base)
 {
     sbx_state_fini(&base->st);
+    sbx_uids_fini(&base->uids);
     if (base->cgroups)
         sbx_cgroup_fini();
 }

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "provider.h"
 #include "sbxstate.h"
+#include "uids.h"
 
 struct ev_loop;
 
@@ -21,10 +22,11 @@ typedef struct sbx_real_base {
     const sbx_config *cfg;
     sbx_state st;
     bool cgroups;
+    sbx_uids uids;                 /* a uid per sandbox (daemon root), else unused */
 } sbx_real_base;
 
-/* The state directory of provider `name` (sbx_state_init, with `reap`) and the cgroup
- * hierarchy; without cgroups, logs why and `without_cgroups` (what that costs).
+/* The state directory of provider `name` (sbx_state_init, with `reap`), the uid range
+ * (when root) and the cgroup hierarchy; without cgroups, logs why and `without_cgroups` (what that costs).
  * Returns 0, or -1 with *why. */
 int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_config *cfg,
                        const char *name, void (*reap)(const char *stale_dir, void *ud),

@@ -192,7 +192,51 @@ typedef struct run_op {
     sbx_call *call;
     sbx_request req;
     plm_hex request_sha;
+    struct run_op *prev, *next;    /* app->runs, while admitted */
 } run_op;
+
+/* Admission (daemon.md §3.1 step 6, §6): a slot of --max-concurrent-runs and of the
+ * caller's share, or a refusal before anything is dispatched.  Every executing run
+ * holds a sandbox of up to --memory-mb, so without it a caller's burst of runs holds
+ * as much memory as it likes. */
+static sbx_err *admit_run(sbx_app *app, run_op *op)
+{
+    const sbx_config *cfg = app->cfg;
+    /* The share first: a caller over it is told so, whatever the others run. */
+    if (cfg->max_runs_per_caller) {
+        const char *principal = sbx_call_principal(op->call);
+        uint32_t mine = 0;
+        for (const run_op *o = app->runs; o; o = o->next)
+            mine += strcmp(sbx_call_principal(o->call), principal) == 0;
+        if (mine >= cfg->max_runs_per_caller)
+            return sbx_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_CAPACITY,
+                               "this caller already executes its share of %u runs; nothing "
+                               "ran, retry later", cfg->max_runs_per_caller);
+    }
+    if (app->runs_active >= cfg->max_runs)
+        return sbx_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_CAPACITY,
+                           "this daemon already executes its limit of %u runs; nothing ran, "
+                           "retry later", cfg->max_runs);
+    op->next = app->runs;
+    if (app->runs)
+        app->runs->prev = op;
+    app->runs = op;
+    app->runs_active++;
+    return NULL;
+}
+
+static void release_run(run_op *op)
+{
+    sbx_app *app = op->app;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        app->runs = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->prev = op->next = NULL;
+    app->runs_active--;
+}
 
 static void run_op_free(run_op *op)
 {
@@ -205,6 +249,7 @@ static void on_run_done(void *ud, sbx_result *res)
     run_op *op = ud;
     const sbx_facts *f = op->app->facts;
     sbx_err *err = NULL;
+    release_run(op);
     if (res->status != SBX_RUN_ANSWERED) {
         /* A single run has no chain: a lost answer is a plain error (unmarked). */
         err = res->error;
@@ -258,6 +303,8 @@ void sbx_rpc_run(void *ud, sbx_call *call)
     sbx_err *err = sbx_rpc_dispatchable(f, &op->req, f->tier, env->software_identity, false);
     if (!err)
         err = sbx_rpc_request_digest(&op->req, op->request_sha);
+    if (!err)
+        err = admit_run(app, op);
     if (err) {
         sbx_rpc_refuse(call, "Run", err);
         run_op_free(op);

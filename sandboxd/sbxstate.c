@@ -4,15 +4,17 @@
 #include "sbxstate.h"
 
 #include "log.h"
+#include "uids.h"
 #include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <ev.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <grp.h>
+#include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,21 +55,86 @@ bool sbx_executable(const char *path)
     return path && path[0] == '/' && access(path, X_OK) == 0;
 }
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+/* How deep the removal holds directories open; deeper ones are moved up (below). */
+#define REMOVE_MAX_DEPTH 32
+
+typedef struct remover {
+    int top;                       /* the tree's root, open */
+    dev_t dev;                     /* its file system: mount points are not crossed */
+    unsigned moved;                /* directories moved up to `top` so far */
+} remover;
+
+/* Empties the directory open as `dfd` (and closes it).  Every step is relative to a
+ * directory descriptor and nothing is followed: an entry that is not a directory is
+ * unlinked (a symbolic link goes itself, never what it names), and a directory is
+ * entered only through openat(O_NOFOLLOW | O_DIRECTORY), so whatever the sandbox swaps
+ * in under a name while this runs, the walk never leaves the tree it started in.  A
+ * directory deeper than REMOVE_MAX_DEPTH is moved up under the root (renameat between
+ * two held descriptors) and emptied by the next pass: the descriptors held stay bounded
+ * and ".." is never used. */
+static void empty_dir(remover *rm, int dfd, int depth)
 {
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP || flag == FTW_D)
-        rmdir(path);
-    else
-        unlink(path);
-    return 0;
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, ".."))
+            continue;
+        if (unlinkat(dfd, name, 0) == 0 || errno != EISDIR)
+            continue;
+        if (depth >= REMOVE_MAX_DEPTH) {
+            char up[32];
+            snprintf(up, sizeof up, ".sbx-up-%u", rm->moved++);
+            renameat2(dfd, name, rm->top, up, RENAME_NOREPLACE); /* the next pass's */
+            continue;
+        }
+        int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0)
+            continue;
+        struct stat st;
+        if (fstat(sub, &st) != 0 || st.st_dev != rm->dev) { /* a mount point: leave it */
+            close(sub);
+            continue;
+        }
+        empty_dir(rm, sub, depth + 1);
+        unlinkat(dfd, name, AT_REMOVEDIR);
+    }
+    closedir(d);
 }
 
 int sbx_remove_tree(const char *path)
 {
-    nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-    return access(path, F_OK) == 0 ? -1 : 0;
+    int top = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (top < 0) { /* gone, or no directory: a file or link goes itself */
+        if (errno == ENOENT || unlink(path) == 0 || errno == ENOENT)
+            return 0;
+        return -1;
+    }
+    remover rm = {.top = top};
+    struct stat st;
+    int rc = -1;
+    /* Passes until the root can go: one removes REMOVE_MAX_DEPTH levels of what was moved
+     * up, or what a process still writing there renamed past the walk.  Bounded: a writer
+     * that keeps adding wins only a tree that stays (logged by the caller's check). */
+    for (int pass = 0; rc != 0 && pass < 1 + (1 << 16) / REMOVE_MAX_DEPTH; pass++) {
+        if (fstat(top, &st) != 0)
+            break;
+        rm.dev = st.st_dev;
+        int fd = openat(top, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
+        if (fd < 0)
+            break;
+        empty_dir(&rm, fd, 1);
+        if (rmdir(path) == 0 || errno == ENOENT)
+            rc = 0;
+        else if (errno != ENOTEMPTY && errno != EEXIST)
+            break;
+    }
+    close(top);
+    return rc;
 }
 
 /* Field 22 of /proc/<pid>/stat, "" when the process is gone. */
@@ -162,6 +229,54 @@ static void reap_stale(const char *base, const char *provider,
 
 /* ---------------------------------------------------------------- the state */
 
+/* /etc/passwd and /etc/group of the sandboxes: every uid of the range is "sandbox" (each
+ * sandbox runs as one of its own, uids.h). */
+static void sandbox_ids(const sbx_config *cfg, char **passwd, char **group)
+{
+    uint32_t n = sbx_uids_count(cfg);
+    if (n > 65536) /* the most --uid-range takes */
+        n = 65536;
+    size_t cap = 256 + (size_t)n * 64;
+    char *p = sbx_xmalloc(cap), *g = sbx_xmalloc(cap);
+    size_t pl = (size_t)snprintf(p, cap, "root:x:0:0:root:/root:/usr/sbin/nologin\n");
+    size_t gl = (size_t)snprintf(g, cap, "root:x:0:\n");
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned id = (unsigned)(cfg->sandbox_uid + i);
+        pl += (size_t)snprintf(p + pl, cap - pl, "sandbox:x:%u:%u:sandbox:/work:/bin/sh\n", id, id);
+        gl += (size_t)snprintf(g + gl, cap - gl, "sandbox:x:%u:\n", id);
+    }
+    snprintf(p + pl, cap - pl, "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    snprintf(g + gl, cap - gl, "nogroup:x:65534:\n");
+    *passwd = p;
+    *group = g;
+}
+
+/* The sandboxes' /etc/alternatives: Debian reaches shared libraries through it (NumPy's
+ * libblas.so.3 is /usr/lib/…/libblas.so.3 -> /etc/alternatives/… -> /usr/lib/…/blas/…),
+ * so the synthetic /etc carries the same links, those that point into /usr only (the
+ * sandboxes see /usr and nothing else of the host). */
+static void copy_alternatives(const char *etc)
+{
+    char *dir = sbx_printf("%s/alternatives", etc);
+    DIR *d = mkdir(dir, 0755) == 0 ? opendir("/etc/alternatives") : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char target[PATH_MAX], link[PATH_MAX];
+        ssize_t n = readlinkat(dirfd(d), e->d_name, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, "/usr/", 5) != 0 || strstr(target, "/../"))
+            continue;
+        snprintf(link, sizeof link, "%s/%s", dir, e->d_name);
+        if (symlink(target, link) != 0)
+            continue; /* a name too long for the buffer: that alternative is not offered */
+    }
+    if (d)
+        closedir(d);
+    free(dir);
+}
+
 int sbx_state_init(sbx_state *st, const sbx_config *cfg, const char *provider,
                    void (*reap)(const char *stale_dir, void *ud), void *reap_ud, char **why)
 {
@@ -203,20 +318,18 @@ int sbx_state_init(sbx_state *st, const sbx_config *cfg, const char *provider,
         return -1;
     }
     st->etc = sbx_printf("%s/etc", st->dir);
-    char *passwd = sbx_printf("root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                              "sandbox:x:%u:%u:sandbox:/work:/bin/sh\n"
-                              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-                              (unsigned)cfg->sandbox_uid, (unsigned)cfg->sandbox_uid);
-    char *group = sbx_printf("root:x:0:\nsandbox:x:%u:\nnogroup:x:65534:\n",
-                             (unsigned)cfg->sandbox_uid);
+    char *passwd, *group;
+    sandbox_ids(cfg, &passwd, &group);
     char *p1 = sbx_printf("%s/passwd", st->etc), *p2 = sbx_printf("%s/group", st->etc),
          *p3 = sbx_printf("%s/hosts", st->etc);
     int rc = mkdir(st->etc, 0755) == 0 && write_text(p1, passwd, 0644) == 0 &&
              write_text(p2, group, 0644) == 0 &&
              write_text(p3, "127.0.0.1 localhost sandbox\n::1 localhost\n", 0644) == 0
                  ? 0 : -1;
-    if (rc == 0)
+    if (rc == 0) {
+        copy_alternatives(st->etc);
         chmod(st->etc, 0755);
+    }
     free(passwd);
     free(group);
     free(p1);

@@ -23,7 +23,7 @@ typedef struct sbx_state {
     char *supervisor;              /* <dir>/supervisor: this binary, copied at start-up */
     char *etc;                     /* <dir>/etc: passwd, group, hosts */
     bool root;                     /* the daemon runs as root */
-    uid_t uid;                     /* sandboxed code runs as (root: --sandbox-uid) */
+    uid_t uid;                     /* not root: ours; root: the range's first (uids.h) */
     gid_t gid;
 } sbx_state;
 
@@ -33,7 +33,9 @@ int sbx_state_init(sbx_state *st, const sbx_config *cfg, const char *provider,
                    void (*reap)(const char *stale_dir, void *ud), void *reap_ud, char **why);
 /* Removes the directory tree and frees. */
 void sbx_state_fini(sbx_state *st);
-/* rm -rf, without following links; returns 0 when it is gone. */
+/* rm -rf by directory descriptors (openat O_NOFOLLOW, unlinkat): safe against a sandbox
+ * that swaps links into the tree while it goes, never leaving it or crossing a mount.
+ * Returns 0 when it is gone. */
 int sbx_remove_tree(const char *path);
 
 /* In a forked child (preexec): drops to the sandbox uid when running as root. */

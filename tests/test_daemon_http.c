@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "flood.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
 
@@ -889,8 +890,9 @@ static void test_D04_D49_describe_states_provider_tier_and_session_facts(void **
     assert_null(json_object_get(d, "supportsModule"));
     assert_int_equal(json_integer_value(json_object_get(d, "sessionLifetimeMs")), 1800000);
     assert_int_equal(json_integer_value(json_object_get(d, "sessionIdleTimeoutMs")), 300000);
-    /* zero values are omitted: no caps by default */
-    assert_null(json_object_get(d, "maxSessionsPerCaller"));
+    /* zero values are omitted: no owner cap by default; with two tokens each caller
+     * may hold half of the 64 sessions (issue 11) */
+    assert_int_equal(json_integer_value(json_object_get(d, "maxSessionsPerCaller")), 32);
     assert_null(json_object_get(d, "maxSessionsPerOwner"));
     const json_t *env = json_object_get(d, "sessionEnvironment");
     assert_true(has_language(env, "python"));
@@ -1825,6 +1827,13 @@ static void test_D19_cli_bad_flags_and_token_files_exit_2(void **state)
          "300001", NULL},
         {"--listen", L, "--token-file", good, "--provider", "echo", "--cell-timeout-ms",
          "300001", NULL},
+        /* issue 11: limits take sane values */
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--max-concurrent-runs",
+         "0", NULL},
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--max-connections", "0",
+         NULL},
+        {"--listen", L, "--token-file", good, "--provider", "echo", "--header-timeout-ms",
+         "50", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (run_sandboxd(cases[i]) != 2)
@@ -1886,6 +1895,242 @@ static void test_D53_sigterm_ends_sessions_as_shutdown_and_exits_0(void **state)
     sbx_stop(&p);
 }
 
+/* ================================================================ issue 11: limits */
+
+static unsigned port_of(const sbx_proc *p)
+{
+    unsigned port = 0;
+    assert_int_equal(sscanf(p->url, "http://127.0.0.1:%u", &port), 1);
+    return port;
+}
+
+/* Waits (bounded) until the daemon's log holds `needle`. */
+static void wait_for_log(const sbx_proc *p, const char *needle)
+{
+    long long deadline = mono_ms() + 10000;
+    for (;;) {
+        char *log = sbx_read_log(p);
+        bool found = log && strstr(log, needle);
+        free(log);
+        if (found)
+            return;
+        if (mono_ms() > deadline)
+            fail_msg("the daemon never logged \"%s\"", needle);
+        poll_pause();
+    }
+}
+
+/* A JavaScript run that holds its sandbox for `ms` ms. */
+static char *sleeping_run(unsigned ms)
+{
+    return fmt("{\"protocol\": 3, \"javascript\": {\"code\": \"await new Promise(r => "
+               "setTimeout(r, %u)); console.log('woke')\"}}", ms);
+}
+
+static int raw_send_as(const sbx_proc *p, const char *token, const char *method,
+                       const char *body)
+{
+    int fd = raw_connect(p);
+    char *req = fmt("POST " SVC "%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Authorization: Bearer %s\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n%s",
+                    method, token, strlen(body), body);
+    raw_write(fd, req, strlen(req));
+    free(req);
+    return fd;
+}
+
+/* Reads the answers of `n` runs sent at once; counts the answered ones (checking
+ * their output) and the refused ones (checking code, mark and message). */
+static void count_runs(int *fds, size_t n, const char *refusal_part, int *answered,
+                       int *refused)
+{
+    *answered = *refused = 0;
+    for (size_t i = 0; i < n; i++) {
+        answer a;
+        raw_read(fds[i], &a);
+        if (a.status == 200) {
+            (*answered)++;
+            expect_stdout(json_object_get(a.body, "javascript"), "woke\n");
+        } else {
+            (*refused)++;
+            /* resource_exhausted, not dispatched (capacity), as a session cap */
+            expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+            if (!strstr(jstr(a.body, "message"), refusal_part))
+                fail_msg("refusal \"%s\" lacks \"%s\"", jstr(a.body, "message"), refusal_part);
+        }
+        answer_free(&a);
+    }
+}
+
+/* Item 8: Run had no admission limit (80 concurrent runs of one token took 8.1 GiB).
+ * With --max-concurrent-runs 2, three runs at once on a real provider: two run, the
+ * third is refused at once, resource_exhausted marked not dispatched (capacity); once
+ * they ended, runs are admitted again. */
+static void test_I11_8_runs_past_the_admission_limit_are_refused_not_dispatched(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    const char *args[] = {"--provider", "process", "--max-concurrent-runs", "2", NULL};
+    start_daemon(&p, args);
+    char *body = sleeping_run(2000);
+    int fds[3];
+    long long t0 = mono_ms();
+    for (int i = 0; i < 3; i++)
+        fds[i] = raw_send(&p, "Run", body);
+    int answered, refused;
+    count_runs(fds, 3, "its limit of 2 runs", &answered, &refused);
+    assert_int_equal(answered, 2);
+    assert_int_equal(refused, 1);
+    assert_true(mono_ms() - t0 >= 2000); /* the two really ran side by side */
+    free(body);
+    json_t *r = call_ok(&p, "Run", "{\"protocol\": 3, \"javascript\": {\"code\": "
+                                   "\"console.log('again')\"}}");
+    expect_stdout(json_object_get(r, "javascript"), "again\n");
+    json_decref(r);
+    char *log = sbx_read_log(&p);
+    assert_non_null(strstr(log, "2 runs at once"));
+    free(log);
+    sbx_stop(&p);
+}
+
+/* Item 8: with two tokens each caller may run half of --max-concurrent-runs by
+ * default: one token's third run is refused while the other token's two still run. */
+static void test_I11_8_one_token_cannot_take_every_run_slot(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    char other[1][SBX_TOKEN_SIZE];
+    const char *args[] = {"--provider", "process", "--max-concurrent-runs", "4", NULL};
+    assert_int_equal(sbx_start_tokens(&p, args, other, 1), 0);
+    char *body = sleeping_run(2000);
+    int mine[3], theirs[2];
+    for (int i = 0; i < 3; i++)
+        mine[i] = raw_send_as(&p, p.token, "Run", body);
+    for (int i = 0; i < 2; i++)
+        theirs[i] = raw_send_as(&p, other[0], "Run", body);
+    int answered, refused;
+    count_runs(mine, 3, "its share of 2 runs", &answered, &refused);
+    assert_int_equal(answered, 2);
+    assert_int_equal(refused, 1);
+    count_runs(theirs, 2, "", &answered, &refused);
+    assert_int_equal(answered, 2);
+    assert_int_equal(refused, 0);
+    free(body);
+    sbx_stop(&p);
+}
+
+/* Item 8: one token could hold all 64 sessions.  With two tokens and --max-sessions 4,
+ * a caller may hold 2 by default (Describe says so): its third open is refused
+ * resource_exhausted, not dispatched (capacity), while the other token still opens. */
+static void test_I11_8_a_token_at_its_default_session_share_is_refused_others_open(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    char other[1][SBX_TOKEN_SIZE];
+    const char *args[] = {"--max-sessions", "4", NULL};
+    assert_int_equal(sbx_start_tokens(&p, args, other, 1), 0);
+    json_t *d = call_ok(&p, "Describe", "{}");
+    assert_int_equal(json_integer_value(json_object_get(d, "maxSessionsPerCaller")), 2);
+    json_decref(d);
+    session a1, a2, b1, b2;
+    open_as(&p, p.token, NULL, &a1);
+    open_as(&p, p.token, NULL, &a2);
+    answer a;
+    call(&p, "OpenSession", "{\"protocol\": 3}", &a);
+    expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+    assert_non_null(strstr(jstr(a.body, "message"), "this caller holds its cap of 2"));
+    answer_free(&a);
+    open_as(&p, other[0], NULL, &b1); /* the other caller is not locked out */
+    open_as(&p, other[0], NULL, &b2);
+    close_expect(&p, &a1, "SESSION_END_CLOSED");
+    session a3; /* a closed session frees the caller's place */
+    open_as(&p, p.token, NULL, &a3);
+    close_expect(&p, &a3, "SESSION_END_CLOSED");
+    close_expect(&p, &a2, "SESSION_END_CLOSED");
+    sbx_stop(&p);
+}
+
+/* Item 9: 1 100 idle connections without a token made sandboxd reset new clients.
+ * 2 000 of them (half silent, half with a request that never ends its headers):
+ * a call in progress before the flood is answered, a new caller is served during it,
+ * and every idle connection is closed soon after --header-timeout-ms. */
+static void test_I11_9_an_idle_connection_flood_locks_no_caller_out(void **state)
+{
+    (void)state;
+    flood_raise_fd_limit();
+    sbx_proc p;
+    const char *args[] = {"--header-timeout-ms", "1000", NULL};
+    start_daemon(&p, args);
+    session s;
+    open_session(&p, NULL, &s);
+    char *body = cell_body(&s, "python", "plimsoll-echo:sleep:2500");
+    int in_flight = raw_send(&p, "SessionRun", body); /* outlasts the header timeout */
+    free(body);
+    wait_for_log(&p, " call 1 dispatched");
+    flood f;
+    long long t0 = mono_ms();
+    assert_int_equal(flood_open(&f, port_of(&p), 2000), 0);
+    json_t *d = call_ok(&p, "Describe", "{}"); /* a new caller, in the flood */
+    json_decref(d);
+    answer a;
+    raw_read(in_flight, &a);
+    if (a.status != 200)
+        fail_msg("the call in progress was not answered: %ld %s", a.status, a.raw ? a.raw : "");
+    answer_free(&a);
+    s.calls = 1;
+    size_t closed = flood_closed(&f, 8.0);
+    long long took = mono_ms() - t0;
+    if (closed != f.n)
+        fail_msg("%zu of %zu idle connections still open %lld ms later", f.n - closed, f.n,
+                 took);
+    flood_close(&f);
+    d = call_ok(&p, "Describe", "{}");
+    json_decref(d);
+    char *log = sbx_read_log(&p);
+    assert_non_null(strstr(log, "past the header timeout"));
+    assert_null(strstr(log, "detected connection closure")); /* no line per connection */
+    free(log);
+    sbx_stop(&p);
+}
+
+/* Item 9: past --max-connections the oldest connection without an accepted request is
+ * closed for the newcomer: with a cap of 50 and 300 idle connections, a call in
+ * progress (trusted) is answered, new callers are served, and all but 66 of the flood
+ * (the cap, plus a quarter of it but at least 16 that have not said a byte yet) are
+ * closed long before the header timeout (10 s). */
+static void test_I11_9_past_the_connection_cap_the_oldest_stranger_makes_room(void **state)
+{
+    (void)state;
+    flood_raise_fd_limit();
+    sbx_proc p;
+    const char *args[] = {"--max-connections", "50", NULL};
+    start_daemon(&p, args);
+    session s;
+    open_session(&p, NULL, &s);
+    char *body = cell_body(&s, "python", "plimsoll-echo:sleep:1500");
+    int in_flight = raw_send(&p, "SessionRun", body);
+    free(body);
+    wait_for_log(&p, " call 1 dispatched"); /* in the daemon: an authenticated caller */
+    flood f;
+    assert_int_equal(flood_open(&f, port_of(&p), 300), 0);
+    for (int i = 0; i < 3; i++) { /* new callers, one connection each */
+        json_t *d = call_ok(&p, "Describe", "{}");
+        json_decref(d);
+    }
+    answer a;
+    raw_read(in_flight, &a);
+    assert_int_equal(a.status, 200);
+    answer_free(&a);
+    size_t closed = flood_closed(&f, 3.0);
+    if (closed < 300 - 50 - 16)
+        fail_msg("only %zu of 300 idle connections were closed past a cap of 50", closed);
+    flood_close(&f);
+    char *log = sbx_read_log(&p);
+    assert_non_null(strstr(log, "over the cap of 50"));
+    free(log);
+    sbx_stop(&p);
+}
+
 /* ================================================================ main */
 
 static int setup(void **state)
@@ -1942,6 +2187,13 @@ int main(void)
         cmocka_unit_test(test_D19_cli_bad_flags_and_token_files_exit_2),
         cmocka_unit_test(test_cli_version_exits_0_and_prints_the_version),
         cmocka_unit_test(test_D53_sigterm_ends_sessions_as_shutdown_and_exits_0),
+        cmocka_unit_test(test_I11_8_runs_past_the_admission_limit_are_refused_not_dispatched),
+        cmocka_unit_test(test_I11_8_one_token_cannot_take_every_run_slot),
+        cmocka_unit_test(test_I11_8_a_token_at_its_default_session_share_is_refused_others_open),
+        cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
+        cmocka_unit_test(test_I11_9_past_the_connection_cap_the_oldest_stranger_makes_room),
     };
+    if (getenv("TEST_FILTER")) /* e.g. "test_I11_*" while working */
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1347,11 +1347,13 @@ static void test_D52_the_supervisor_is_out_of_the_cells_reach(void **state)
     close_s(s);
 }
 
-/* D50: the limits inside the sandbox, as sandboxd sets them: the sandbox uid (61000 by
- * default, --sandbox-uid, when sandboxd is root; else the daemon's own uid), /tmp and
+/* D50: the limits inside the sandbox, as sandboxd sets them: a uid of the sandbox's own
+ * from --uid-range (61000-61999 by default) when sandboxd is root, else the daemon's own
+ * uid, real, effective and saved alike (tests/test_tiers.c: never two at once), /tmp and
  * /dev/shm 16 MiB and /work --work-mb (default 128) tmpfs, noexec and nosuid, a
  * read-only root, RLIMIT_NOFILE 4096, RLIMIT_CORE 0, no capabilities, no_new_privs. */
 #define SANDBOX_UID_DEFAULT 61000u
+#define SANDBOX_UID_COUNT 1000u
 #define SMALL_TMPFS_MB 16u
 #define WORK_MB_DEFAULT 128u
 #define NOFILE_LIMIT 4096u
@@ -1360,13 +1362,19 @@ static void test_D50_uid_tmpfs_sizes_and_rlimits_inside_the_sandbox(void **state
 {
     (void)state;
     need_isolation();
-    unsigned uid = geteuid() == 0 ? SANDBOX_UID_DEFAULT : (unsigned)geteuid();
-    unsigned gid = geteuid() == 0 ? SANDBOX_UID_DEFAULT : (unsigned)getegid();
     plm_session *s = open_s();
+    plm_result *ur = cell(s, "python", "import os\nprint(*(os.getresuid() + os.getresgid()))");
+    unsigned ids[6] = {0};
+    assert_int_equal(sscanf(ur->stdout_text, "%u %u %u %u %u %u", &ids[0], &ids[1], &ids[2],
+                            &ids[3], &ids[4], &ids[5]), 6);
+    plm_result_free(ur);
+    unsigned uid = geteuid() == 0 ? ids[0] : (unsigned)geteuid();
+    unsigned gid = geteuid() == 0 ? uid : (unsigned)getegid();
+    if (geteuid() == 0 && (uid < SANDBOX_UID_DEFAULT || uid >= SANDBOX_UID_DEFAULT + SANDBOX_UID_COUNT))
+        fail_msg("the sandbox runs as uid %u, outside the default --uid-range", uid);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(ids[i], i < 3 ? uid : gid);
     char want[256];
-    snprintf(want, sizeof want, "'uid %u %u %u gid %u %u %u'\n", uid, uid, uid, gid, gid, gid);
-    cell_prints(s, "python", "import os\n'uid %d %d %d gid %d %d %d' % (os.getresuid() + os.getresgid())",
-                want);
     /* A size is f_blocks * f_frsize; the flags are the mount's own, from mountinfo (the
      * last mount on a path is the one seen; gVisor's statvfs leaves f_flag empty, and its
      * mountinfo names ro/rw and noexec but never nosuid, although the bundle asks for it:
