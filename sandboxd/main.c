@@ -12,6 +12,7 @@
 #include "config.h"
 #include "http.h"
 #include "log.h"
+#include "records.h"
 #include "rpc.h"
 #include "sessions.h"
 #include "sup_proto.h"
@@ -173,6 +174,16 @@ int main(int argc, char **argv)
     if (sbx_config_load_tokens(&cfg) != 0) {
         sbx_config_free(&cfg);
         return 2;
+    }
+    if (cfg.record_key_path) { /* before any provider: a bad key starts nothing */
+        char *why = NULL;
+        if (sbx_records_load_key(cfg.record_key_path, &why) != 0) {
+            fprintf(stderr, "sandboxd: %s\n", why);
+            free(why);
+            sbx_config_free(&cfg);
+            return 2;
+        }
+        sbx_log("records are signed (DSSE, Ed25519) with key %s", sbx_records_key_id());
     }
     signal(SIGPIPE, SIG_IGN);
 

@@ -6,7 +6,11 @@
 
 #include "util.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +146,139 @@ static plm_record *record_new(const sbx_record_ctx *c, uint32_t version, const c
     return rec;
 }
 
+/* ---------------------------------------------------------------- signed records
+ *
+ * The reference signs a checked record as a DSSE envelope around an in-toto Statement
+ * v1 (plimsoll repository, attest/attest.go): payload type
+ * "application/vnd.in-toto+json"; one subject, "run-record", whose sha256 is the
+ * record's own digest; predicate type .../run-record/v1, the record in snake_case
+ * field names; an Ed25519 signature over DSSE's pre-authentication encoding; the key
+ * named by the hex SHA-256 of its PKIX (SubjectPublicKeyInfo) DER.  sandboxd emits the
+ * same envelope beside the record (`recordEnvelope`, a field clients that do not know
+ * it ignore), so `berth verify` and the reference's verifier both check it. */
+
+#define DSSE_PAYLOAD_TYPE "application/vnd.in-toto+json"
+#define INTOTO_STATEMENT "https://in-toto.io/Statement/v1"
+#define RUN_RECORD_PREDICATE "https://plimsollmark.github.io/plimsoll/run-record/v1"
+
+static EVP_PKEY *sign_key;
+static char sign_keyid[65];
+
+const char *sbx_records_key_id(void)
+{
+    return sign_key ? sign_keyid : NULL;
+}
+
+int sbx_records_load_key(const char *path, char **why)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        *why = sbx_printf("cannot read the record key %s: %s", path, strerror(errno));
+        return -1;
+    }
+    EVP_PKEY *k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
+    fclose(f);
+    if (!k || EVP_PKEY_get_id(k) != EVP_PKEY_ED25519) {
+        EVP_PKEY_free(k);
+        *why = sbx_printf("%s is not a PEM (PKCS #8) Ed25519 private key (make one with "
+                          "`openssl genpkey -algorithm ed25519 -out %s`)", path, path);
+        return -1;
+    }
+    unsigned char *der = NULL;
+    int n = i2d_PUBKEY(k, &der);
+    if (n <= 0) {
+        EVP_PKEY_free(k);
+        *why = sbx_printf("cannot encode the public half of %s", path);
+        return -1;
+    }
+    plm_sha256_hex(der, (size_t)n, sign_keyid);
+    OPENSSL_free(der);
+    EVP_PKEY_free(sign_key);
+    sign_key = k;
+    return 0;
+}
+
+void sbx_records_unload_key(void)
+{
+    EVP_PKEY_free(sign_key);
+    sign_key = NULL;
+}
+
+/* DSSE's pre-authentication encoding: "DSSEv1 <len> <type> <len> <payload>". */
+static unsigned char *dsse_pae(const char *payload, size_t len, size_t *out_len)
+{
+    char head[128];
+    int h = snprintf(head, sizeof head, "DSSEv1 %zu %s %zu ", strlen(DSSE_PAYLOAD_TYPE),
+                     DSSE_PAYLOAD_TYPE, len);
+    unsigned char *pae = sbx_xmalloc((size_t)h + len + 1);
+    memcpy(pae, head, (size_t)h);
+    memcpy(pae + h, payload, len);
+    *out_len = (size_t)h + len;
+    return pae;
+}
+
+/* The statement in the reference's field order (Go's encoding/json of its structs). */
+static json_t *run_record_statement(const plm_record *r)
+{
+    json_t *pred = json_object();
+    json_object_set_new(pred, "version", json_integer(r->version));
+    json_object_set_new(pred, "request_sha256", json_string(r->request_sha256));
+    json_object_set_new(pred, "result_sha256", json_string(r->result_sha256));
+    json_object_set_new(pred, "provider", json_string(r->provider));
+    json_object_set_new(pred, "isolation", json_string(r->isolation));
+    json_object_set_new(pred, "environment", json_string(r->environment));
+    if (*r->software_identity)
+        json_object_set_new(pred, "software_identity", json_string(r->software_identity));
+    if (*r->software_rule_id)
+        json_object_set_new(pred, "software_rule_id", json_string(r->software_rule_id));
+    json_object_set_new(pred, "policy", json_string(r->policy));
+    json_object_set_new(pred, "started_unix_ms", json_integer(r->started_unix_ms));
+    json_object_set_new(pred, "ended_unix_ms", json_integer(r->ended_unix_ms));
+    json_object_set_new(pred, "session", json_string(r->session));
+    json_object_set_new(pred, "sequence", json_integer((json_int_t)r->sequence));
+    json_object_set_new(pred, "previous_sha256", json_string(r->previous_sha256));
+    if (r->unanswered && *r->unanswered)
+        json_object_set_new(pred, "unanswered", json_string(r->unanswered));
+    json_object_set_new(pred, "record_sha256", json_string(r->record_sha256));
+    json_t *st = json_object();
+    json_object_set_new(st, "_type", json_string(INTOTO_STATEMENT));
+    json_object_set_new(st, "subject",
+                        json_pack("[{s:s, s:{s:s}}]", "name", "run-record", "digest", "sha256",
+                                  r->record_sha256));
+    json_object_set_new(st, "predicateType", json_string(RUN_RECORD_PREDICATE));
+    json_object_set_new(st, "predicate", pred);
+    return st;
+}
+
+json_t *sbx_record_envelope(const plm_record *rec)
+{
+    if (!sign_key)
+        return NULL;
+    json_t *st = run_record_statement(rec);
+    char *payload = json_dumps(st, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(st);
+    if (!payload)
+        return NULL;
+    size_t plen = strlen(payload), pae_len, sig_len = 64;
+    unsigned char *pae = dsse_pae(payload, plen, &pae_len), sig[64];
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    bool ok = ctx && EVP_DigestSignInit(ctx, NULL, NULL, NULL, sign_key) == 1 &&
+              EVP_DigestSign(ctx, sig, &sig_len, pae, pae_len) == 1 && sig_len == 64;
+    EVP_MD_CTX_free(ctx);
+    free(pae);
+    json_t *env = NULL;
+    if (ok) {
+        char *p64 = sbx_base64((const unsigned char *)payload, plen, true);
+        char *s64 = sbx_base64(sig, sig_len, true);
+        env = json_pack("{s:s, s:s, s:[{s:s, s:s}]}", "payloadType", DSSE_PAYLOAD_TYPE,
+                        "payload", p64, "signatures", "keyid", sign_keyid, "sig", s64);
+        free(p64);
+        free(s64);
+    }
+    free(payload);
+    return env;
+}
+
 json_t *sbx_answer(const sbx_record_ctx *ctx, const sbx_result *res, const char *request_sha256,
                    plm_record **record_out, sbx_err **err)
 {
@@ -180,6 +317,9 @@ json_t *sbx_answer(const sbx_record_ctx *ctx, const sbx_result *res, const char 
         return NULL;
     }
     json_object_set_new(resp, "record", plm_record_to_json(rec));
+    json_t *envelope = sbx_record_envelope(rec);
+    if (envelope)
+        json_object_set_new(resp, "recordEnvelope", envelope);
     *record_out = rec;
     return resp;
 }

@@ -28,4 +28,14 @@ json_t *sbx_answer(const sbx_record_ctx *ctx, const sbx_result *res, const char 
 plm_record *sbx_unanswered_record(const sbx_record_ctx *ctx, const char *request_sha256,
                                   plm_code code, sbx_err **err);
 
+/* Signed records (--record-key): loads a PEM PKCS #8 Ed25519 private key; from then on
+ * every answer carries `recordEnvelope`, the reference's DSSE envelope over its record.
+ * Returns 0, or -1 with *why. */
+int sbx_records_load_key(const char *path, char **why);
+void sbx_records_unload_key(void);
+/* The loaded key's id (hex SHA-256 of its PKIX DER), or NULL when records are unsigned. */
+const char *sbx_records_key_id(void);
+/* The envelope over `rec`, or NULL when no key is loaded. */
+json_t *sbx_record_envelope(const plm_record *rec);
+
 #endif

@@ -261,6 +261,35 @@ static void test_D06_the_installed_python_and_node_run_cells(void **state)
     close_s(s);
 }
 
+/* The data stack `make deps` installs (Debian's NumPy, SciPy, pandas, matplotlib) is
+ * importable in a cell within the sandbox's default memory limit, and matplotlib draws
+ * without a display (Agg) into the work directory. */
+static void test_data_stack_imports_and_plots_within_the_memory_limit(void **state)
+{
+    (void)state;
+    need();
+    plm_session *s = open_s();
+    plm_result *r = cell_t(s, "python",
+        "import numpy as np, scipy.stats, pandas as pd\n"
+        "import matplotlib\n"
+        "import matplotlib.pyplot as plt\n"
+        "df = pd.DataFrame({'x': np.arange(100.0)})\n"
+        "df['y'] = 2 * df.x + 1\n"
+        "fit = scipy.stats.linregress(df.x, df.y)\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.plot(df.x, df.y)\n"
+        "fig.savefig('plot.png')\n"
+        "import os\n"
+        "print(matplotlib.get_backend(), round(fit.slope, 6), round(fit.intercept, 6),\n"
+        "      os.path.getsize('plot.png') > 1000)\n", 60000);
+    if (r->exit_code != 0)
+        fail_msg("provider %s: the data stack cell failed: exit %d, stderr %.1500s", P->name,
+                 r->exit_code, r->stderr_text);
+    assert_string_equal(r->stdout_text, "agg 2.0 1.0 True\n");
+    plm_result_free(r);
+    close_s(s);
+}
+
 static void daemon_still_serves(void)
 {
     plm_info *info = NULL;
@@ -797,6 +826,9 @@ static void test_I11_1_stopped_supervisor_cannot_stall_the_kill(void **state)
     (void)state;
     need();
     plm_session *s = open_s();
+    /* The interpreter is started first: on a loaded machine its start alone can take the
+     * whole 1000 ms below, and the call is then refused before its code was sent. */
+    cell_prints(s, "python", "print('up')", "up\n");
     long long t0 = mono_ms();
     plm_result *r = cell_t(s, "python",
                            "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGSTOP)\n"
@@ -849,9 +881,6 @@ static void test_I11_2_reply_fifo_flood_ends_that_sandbox_not_the_daemons_loop(v
     plm_session *other = open_s();
     cell_prints(other, "python", "before = 1", "");
     plm_session *s = open_s();
-    /* The interpreter is started first: on a loaded machine its start alone can take the
-     * whole 1000 ms below, and the call is then refused before its code was sent. */
-    cell_prints(s, "python", "print('up')", "up\n");
     long long t0 = mono_ms();
     plm_result *r = NULL;
     plm_error *e = try_cell(s, "python", flood_py, 20000, NULL, 0, &r);
@@ -976,6 +1005,63 @@ static void test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline(v
                                          : strcmp(P->name, "bwrap") == 0 ? "container"
                                                                          : "process");
     plm_info_free(info);
+}
+
+/* ---------------------------------------------------------------- software identity */
+
+/* wire.md §5.1/§6, records.md §5, R14: Describe states each environment's software
+ * identity (kind:platform@sha256:<64 hex>), every answer and record states the one it
+ * ran, a rule naming it is met and a rule naming anything else is refused `environment`
+ * before anything runs -- for single runs and sessions alike. */
+static void test_R14_W30_software_rule_naming_the_daemons_identity_is_met(void **state)
+{
+    (void)state;
+    need();
+    plm_info *info = NULL;
+    ok(plm_describe_sync(P->c, &info));
+    const char *js = info->javascript.software_identity, *ss = info->session.software_identity;
+    assert_non_null(js);
+    assert_non_null(ss);
+    assert_int_equal(strncmp(js, "berth-manifest:linux/", 21), 0);
+    assert_int_equal(strlen(strstr(js, "@sha256:")), 8 + 64);
+    assert_int_equal(strlen(strstr(ss, "@sha256:")), 8 + 64);
+    assert_string_not_equal(js, ss); /* the session's also names the kernels */
+    char *js_id = strdup(js), *ss_id = strdup(ss);
+    plm_info_free(info);
+
+    const char *mine[] = {js_id}, *other[] = {"berth-manifest:linux/amd64@sha256:"
+                                              "0000000000000000000000000000000000000000000000000000000000000000"};
+    plm_software_rule exact = {"exact", mine, 1}, wrong = {"exact", other, 1};
+    plm_run_options o;
+    memset(&o, 0, sizeof o);
+    o.software = &exact;
+    plm_result *r = NULL;
+    ok(plm_run_javascript_sync(P->c, "console.log('met')", &o, &r)); /* the record is checked */
+    assert_string_equal(r->stdout_text, "met\n");
+    assert_string_equal(r->software_identity, js_id);
+    plm_result_free(r);
+    o.software = &wrong;
+    expect(plm_run_javascript_sync(P->c, "console.log('never')", &o, &r), PLM_FAILED_PRECONDITION,
+           PLM_REFUSAL_ENVIRONMENT, "outside");
+
+    /* A session opened under a rule naming its identity runs cells under it. */
+    const char *sess[] = {ss_id, other[0]};
+    plm_software_rule approved = {"approved", sess, 2};
+    plm_session_options so;
+    memset(&so, 0, sizeof so);
+    so.software = &approved;
+    plm_session *s = NULL;
+    ok(plm_open_session_sync(P->c, &so, &s));
+    track(s, true);
+    assert_string_equal(plm_session_software_identity(s), ss_id);
+    cell_prints(s, "python", "6 * 7", "42\n");
+    close_s(s);
+    so.software = &wrong;
+    plm_session *none = NULL;
+    expect(plm_open_session_sync(P->c, &so, &none), PLM_FAILED_PRECONDITION,
+           PLM_REFUSAL_ENVIRONMENT, NULL);
+    free(js_id);
+    free(ss_id);
 }
 
 typedef struct project_call {
@@ -1730,6 +1816,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
 
 #define PROVIDER_TESTS                                                              \
     cmocka_unit_test_teardown(test_D06_the_installed_python_and_node_run_cells, test_teardown),            \
+    cmocka_unit_test_teardown(test_data_stack_imports_and_plots_within_the_memory_limit, test_teardown), \
     cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
     cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
     cmocka_unit_test_teardown(test_D26_D36_files_before_code_shared_and_importable, test_teardown),         \
@@ -1752,6 +1839,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D25_a_process_left_behind_is_gone_by_the_next_call, test_teardown),      \
     cmocka_unit_test_teardown(test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline, test_teardown), \
     cmocka_unit_test_teardown(test_D44_projects_in_sessions_are_refused_unsupported, test_teardown),        \
+    cmocka_unit_test_teardown(test_R14_W30_software_rule_naming_the_daemons_identity_is_met, test_teardown), \
     cmocka_unit_test_teardown(test_D20_idle_suspend_keeps_files_memory_and_interpreters, test_teardown),    \
     cmocka_unit_test_teardown(test_D22_lifetime_ends_the_session_expired_cancelling_a_call, test_teardown), \
     cmocka_unit_test_teardown(test_D45_D48_owner_cap_replaces_the_idle_session, test_teardown),             \
