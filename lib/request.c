@@ -1,7 +1,7 @@
 /*
- * request.c — building request bodies (client.md §2.3).  Every string goes through
- * json_string, which refuses ill-formed UTF-8: such a request is refused before
- * sending with a message naming the field's path.
+ * request.c — building request bodies (client.md §2.3).  Every string is checked as
+ * UTF-8 as it is put in (plm_put_text with lib/utf8.c, json_string elsewhere): an
+ * ill-formed one is refused before sending with a message naming the field's path.
  */
 #include "internal.h"
 
@@ -17,7 +17,10 @@ static plm_error *refuse(const char *fmt, const char *a, long long b)
 
 plm_error *plm_put_text(json_t *obj, const char *key, const char *s, const char *path)
 {
-    json_t *v = json_string(s ? s : "");
+    /* One check and one copy of what may be a long text (a cell's code): jansson's
+     * json_string would check it again, a character at a time. */
+    size_t n = s ? strlen(s) : 0;
+    json_t *v = plm_utf8_valid(s, n) ? json_stringn_nocheck(s ? s : "", n) : NULL;
     if (!v)
         return refuse("plimsoll: the %s is not well-formed UTF-8 text%.0lld", path, 0);
     json_object_set_new(obj, key, v);

@@ -372,6 +372,58 @@ static void test_W34_lossy_text(void **state)
     assert_int_equal(plm_base64_decode("a$==", 4, &out, &n), -1);
 }
 
+/* The decoder reads 32 characters at a time where the CPU can: every length around
+ * the block edges decodes what OpenSSL encoded, in both alphabets, padded or not, and
+ * one character outside both alphabets anywhere (inside a block or in the tail) makes
+ * the whole text not base64. */
+static void test_W34_base64_decode_agrees_with_openssl_at_every_length_and_rejects_junk_anywhere(void **state)
+{
+    enum { MAX = 700 };
+    unsigned char raw[MAX];
+    for (size_t i = 0; i < MAX; i++)
+        raw[i] = (unsigned char)(i * 131 + 7 + (i >> 3));
+    for (size_t len = 0; len < MAX; len++) {
+        char *b64 = plm_base64_encode(raw, len, true);
+        size_t tn = strlen(b64);
+        for (int form = 0; form < 3; form++) {
+            char *t = strdup(b64);
+            size_t n = tn;
+            if (form >= 1)                          /* unpadded */
+                while (n > 0 && t[n - 1] == '=')
+                    t[--n] = '\0';
+            for (size_t i = 0; form == 2 && i < n; i++)  /* URL-safe */
+                t[i] = t[i] == '+' ? '-' : t[i] == '/' ? '_' : t[i];
+            unsigned char *out;
+            size_t got;
+            assert_int_equal(plm_base64_decode(t, n, &out, &got), 0);
+            assert_int_equal(got, len);
+            assert_memory_equal(out, raw, len);
+            assert_int_equal(out[got], 0);
+            free(out);
+            free(t);
+        }
+        free(b64);
+    }
+    /* 3 * 64 bytes: 256 characters, blocks and a tail */
+    char *b64 = plm_base64_encode(raw, 192, true);
+    static const char junk[] = {' ', '\n', '=', '.', '*', '@', '[', '`', '{', '\x80', '\xff', '\0', ':'};
+    for (size_t pos = 0; pos < 256; pos++) {
+        for (size_t j = 0; j < sizeof junk; j++) {
+            char t[257];
+            memcpy(t, b64, 257);
+            if (junk[j] == '=' && pos >= 254)
+                continue;                           /* that is padding */
+            t[pos] = junk[j];
+            unsigned char *out = (unsigned char *)"untouched";
+            size_t got = 1;
+            if (plm_base64_decode(t, 256, &out, &got) != -1)
+                fail_msg("junk 0x%02x at %zu decoded", (unsigned char)junk[j], pos);
+            assert_null(out);
+        }
+    }
+    free(b64);
+}
+
 static void test_W25_W26_envelope_order_and_timeout_clamping(void **state)
 {
     struct { int64_t in; json_int_t want; } cases[] = {
@@ -882,6 +934,7 @@ int main(void)
         cmocka_unit_test(test_E17_tier_order),
         cmocka_unit_test(test_S02_owner_digest_is_keyed_by_token),
         cmocka_unit_test(test_W34_lossy_text),
+        cmocka_unit_test(test_W34_base64_decode_agrees_with_openssl_at_every_length_and_rejects_junk_anywhere),
         cmocka_unit_test(test_W25_W26_envelope_order_and_timeout_clamping),
         cmocka_unit_test(test_E03_refusal_reasons_all_mark_not_dispatched),
         cmocka_unit_test(test_E12_E15_session_ended_and_unanswered_details_decode),
