@@ -328,6 +328,11 @@ int sbx_state_init(sbx_state *st, const sbx_config *cfg, const char *provider,
                  ? 0 : -1;
     if (rc == 0) {
         copy_alternatives(st->etc);
+        /* Debian's matplotlib keeps its defaults there, and will not import without. */
+        char *rc_path = sbx_printf("%s/matplotlibrc", st->etc);
+        if (access("/etc/matplotlibrc", R_OK) == 0)
+            copy_file("/etc/matplotlibrc", rc_path, 0644);
+        free(rc_path);
         chmod(st->etc, 0755);
     }
     free(passwd);
