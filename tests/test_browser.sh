@@ -1,0 +1,31 @@
+#!/bin/sh
+# test_browser.sh — the page of `berth serve` (runtime/web/) in headless Chromium
+# (Debian's chromium, driven by puppeteer-core from tests/browser, which `make deps`
+# installs with npm ci and which never downloads a browser) against a real berth serve
+# and sandboxd (provider $BERTH_PROVIDER, default bwrap) with the scripted model.
+# tests/browser/browser.test.js prints the cmocka-style lines tests/run.sh counts;
+# screenshots at 1280 and 360 px go to $BUILD/browser/.  Also checks that
+# runtime/web/assets.c was regenerated from the page's files.
+set -u
+BUILD=${BUILD:-build}
+export BUILD
+. tests/lib/shtest.sh
+
+test_assets_c_is_generated_from_the_page() {
+    python3 runtime/web/embed.py --check
+}
+run assets_c_is_generated_from_the_page
+echo "[  PASSED  ] $passed test(s)."
+[ -n "$failed_names" ] && echo "[  FAILED  ] 1 test(s), listed below:" && echo "[  FAILED  ]$failed_names"
+
+# No silent skip: without the browser or the driver the suite fails and says why.
+for need in /usr/bin/chromium tests/browser/node_modules/puppeteer-core "$BUILD/berth" "$BUILD/sandboxd"; do
+    if [ ! -e "$need" ]; then
+        echo "missing $need (run make deps and make all)"
+        echo "[  FAILED  ] 1 test(s), listed below:"
+        echo "[  FAILED  ] browser_suite"
+        exit 1
+    fi
+done
+timeout 240 node tests/browser/browser.test.js ${TEST_FILTER:-} || exit 1
+[ -z "$failed_names" ]
