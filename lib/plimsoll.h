@@ -308,6 +308,8 @@ struct plm_result {
     /* a session call: the session ended during or after this call */
     plm_session_end ended;
     char *end_detail;
+    /* milliseconds this client spent checking the answer (digests, record, chain) */
+    double check_ms;
 };
 
 void plm_result_free(plm_result *r);

@@ -80,6 +80,8 @@ typedef struct plm_code_input {
     const char *language;       /* NULL: the first offered language */
     const plm_file *files;      /* at most 198 */
     size_t n_files;
+    int64_t timeout_ms;         /* this call's budget; <= 0: the instance's timeout_ms
+                                 * (the daemon clamps it to its own maximum) */
 } plm_code_input;
 
 /* What the model receives (client.md §7.2). */
@@ -95,6 +97,12 @@ typedef struct plm_code_output {
     bool fresh_sandbox;         /* emitted only when true */
     char *isolation;
     char *record_sha256;
+    /* Where the call's time went, in milliseconds, for a host that shows it (never in
+     * the JSON the model sees; 0 when not measured, as on the fresh path).  wait: the
+     * call to its cell sent (the sandbox opening, a slot); call: the cell sent to its
+     * answer checked; check: checking the answer (record digest and chain); daemon: the
+     * daemon's own wall time (durationMs), the cell's run in the sandbox included. */
+    double wait_ms, call_ms, check_ms, daemon_ms;
 } plm_code_output;
 
 void plm_code_output_free(plm_code_output *out);

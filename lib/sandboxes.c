@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEFAULT_IDLE_CLOSE_MS 600000
 #define DEFAULT_PER_OWNER 3
@@ -116,6 +117,14 @@ struct entry {
     hook *hooks;
 };
 
+/* A monotonic clock in milliseconds: where a call's time went (plm_code_output). */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 typedef enum call_stage { C_DESCRIBE, C_OPEN, C_CELL, C_FRESH, C_DONE } call_stage;
 
 struct call {
@@ -127,6 +136,7 @@ struct call {
     char *code;
     plm_file *files;
     size_t n_files;
+    int64_t timeout_ms;         /* the call's own, else the instance's */
     plm_cancel *cancel;
     plm_code_cb cb;
     void *ud;
@@ -143,6 +153,7 @@ struct call {
     ev_timer deliver;
     plm_error *err;
     plm_code_output *out;
+    double started_ms, sent_ms; /* now_ms(): plm_sandboxes_run, the cell sent */
 };
 
 /* One dispose or dispose_all: `done` runs once every entry in it settled. */
@@ -1224,6 +1235,10 @@ static void cell_done(void *ud, plm_error *err, plm_result *r)
             out->fresh_interpreter = r->interpreter_started;
             out->files_persist = !ended;
             out->fresh_sandbox = first;
+            out->wait_ms = c->sent_ms - c->started_ms;
+            out->call_ms = now_ms() - c->sent_ms;
+            out->check_ms = r->check_ms;
+            out->daemon_ms = (double)r->duration_ms;
         }
         plm_result_free(r);
         end_attempt(c);
@@ -1254,8 +1269,9 @@ static void send_cell(call *c)
     plm_sandboxes *sb = c->sb;
     c->stage = C_CELL;
     c->s = c->e->session;
+    c->sent_ms = now_ms();
     plm_cell cell = {c->language, c->code, c->files, c->n_files};
-    plm_run_options o = {.timeout_ms = sb->timeout_ms, .minimum_isolation = sb->floor,
+    plm_run_options o = {.timeout_ms = c->timeout_ms, .minimum_isolation = sb->floor,
                          .cancel = c->cancel};
     plm_error *err = plm_session_run_cell(c->s, &cell, &o, cell_done, c);
     if (err)
@@ -1330,7 +1346,7 @@ static void run_fresh(call *c)
 {
     plm_sandboxes *sb = c->sb;
     c->stage = C_FRESH;
-    plm_run_options o = {.timeout_ms = sb->timeout_ms, .minimum_isolation = sb->floor,
+    plm_run_options o = {.timeout_ms = c->timeout_ms, .minimum_isolation = sb->floor,
                          .cancel = c->cancel};
     plm_error *err;
     if (!c->projects) {
@@ -1514,6 +1530,7 @@ static call *call_new(plm_sandboxes *sb, const plm_key *key, const char *id,
     c->owner = key ? plm_strdup(key->owner) : NULL;
     c->conversation = key ? plm_strdup(key->conversation) : NULL;
     c->language = language;
+    c->timeout_ms = in->timeout_ms > 0 ? in->timeout_ms : sb->timeout_ms;
     c->code = strdup(in->code);
     c->files = calloc(in->n_files ? in->n_files : 1, sizeof *c->files);
     bool ok = c->code && c->files && (!id || (c->id && c->conversation)) &&
@@ -1558,6 +1575,7 @@ plm_error *plm_sandboxes_run(plm_sandboxes *sb, const plm_key *key, const plm_co
     c->cancel = cancel;
     c->cb = cb;
     c->ud = ud;
+    c->started_ms = now_ms();
     c->stage = C_DESCRIBE;
     c->dw.fn = call_on_info;
     ev_timer_init(&c->wake, wake_cb, 0., 0.);

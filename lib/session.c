@@ -12,6 +12,7 @@
 #include <ev.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define UINT32_CAP 4294967295LL
 
@@ -440,6 +441,14 @@ static plm_error *handle_unanswered(plm_session *s, sop *op, plm_error *err)
     return problem;
 }
 
+/* A monotonic clock in milliseconds, for plm_result.check_ms. */
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static void call_done(void *ud, plm_error *err, json_t *ans)
 {
     sop *op = ud;
@@ -475,7 +484,10 @@ static void call_done(void *ud, plm_error *err, json_t *ans)
         } else {
             plm_chain ch = chain_of(s);
             plm_record *checked = NULL;
+            double t0 = now_ms();
             plm_finish_answer(op->method, op->req, (json_t *)run, &ch, &err, &r, &checked);
+            if (r)
+                r->check_ms = now_ms() - t0;
             if (checked)
                 advance(s, checked);
             plm_record_free(checked);

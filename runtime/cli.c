@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "runtime.h"
 #include "model.h"
+#include "store/store.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -18,7 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
+
+#include <readline/history.h>
+#include <readline/readline.h>
 
 #define REPLAY_IDLE_TIMEOUT 3.0
 #define REPLAY_TIME_LIMIT 600.0
@@ -69,21 +74,33 @@ static const char chat_usage[] =
   "usage: berth chat [options]\n"
   "\n"
   "A terminal chat: each line of standard input is a message; /suspend suspends the\n"
-  "conversation, /quit (or end of input) completes it.  Tool calls and their results\n"
-  "are shown as they happen.\n"
+  "conversation, /quit (or end of input, Ctrl-D) completes it.  Tool calls and their\n"
+  "results are shown as they happen.  On a terminal: line editing and a history file\n"
+  "($BERTH_HISTORY, else ~/.berth_history; empty: none), a spinner while the model or a\n"
+  "cell runs, Ctrl-C cancels the running turn (at the prompt it exits, status 130).\n"
   "\n"
-  "  --model SPEC             the model: scripted:FILE, or openai[:NAME] (an OpenAI-\n"
-  "                           compatible server: BERTH_MODEL_URL, BERTH_API_KEY,\n"
-  "                           BERTH_MODEL; see berth(1))\n"
+  "  --model SPEC             the model (required without --hooks): scripted:FILE, or\n"
+  "                           openai[:NAME] (an OpenAI-compatible server:\n"
+  "                           BERTH_MODEL_URL, BERTH_API_KEY, BERTH_MODEL; see berth(1))\n"
   "  --hooks FILE             the hooks (default: the shipped code_chat.lua)\n"
+  "  --approve                ask before each cell runs: yes, no or always (the hooks'\n"
+  "                           approve(); default hooks scripts/examples/approval.lua)\n"
   "  --daemon URL, --token-file FILE\n"
   "                           a running daemon (default: $PLIMSOLL_URL and\n"
   "                           $PLIMSOLL_TOKEN, else a local sandboxd)\n"
-  "  --sandboxd PATH, --provider NAME\n"
-  "                           the local sandboxd (as for replay)\n"
+  "  --sandboxd PATH          the local sandboxd to start (as for replay)\n"
+  "  --provider NAME          its provider (default $BERTH_PROVIDER, else auto: the\n"
+  "                           strongest that passes its smoke test here, gvisor then\n"
+  "                           bwrap; echo runs no code, and says so on every result)\n"
   "  --idle-timeout SECONDS   idle time before the conversation suspends (default 30)\n"
+  "  --store URL              keep the conversation (sqlite:PATH): its id is printed at\n"
+  "                           start, and /quit or end of input suspends it instead of\n"
+  "                           completing it, so that it can be continued\n"
+  "  --resume ID              continue conversation ID of --store: its last messages are\n"
+  "                           shown, and its next cell runs in a fresh sandbox\n"
   "  --minimum-isolation TIER (default container over http, kernel over https)\n"
-  "  --verbose, --help, --version\n";
+  "  --verbose                the daemon's log, debug lines, hooks' tracebacks\n"
+  "  --help, --version\n";
 
 static const char lua_usage[] =
   "usage: berth lua [options] FILE [ARGS...]\n"
@@ -105,12 +122,14 @@ static const char lua_usage[] =
 typedef struct opts {
   const char *daemon_url, *token_file, *sandboxd, *provider, *hooks, *model, *min_iso;
   double idle, time_limit;
-  bool verbose, start_local;
+  bool verbose, start_local, approve;
+  const char *store, *resume;   /* berth chat --store URL [--resume ID] */
 } opts;
 
 enum {
   O_DAEMON = 256, O_TOKEN_FILE, O_SANDBOXD, O_PROVIDER, O_HOOKS, O_MODEL, O_IDLE, O_MIN_ISO,
-  O_TIME_LIMIT, O_VERBOSE, O_HELP, O_VERSION
+  O_TIME_LIMIT, O_VERBOSE, O_HELP, O_VERSION, O_APPROVE,
+  O_STORE, O_RESUME
 };
 
 static const struct option long_opts[] = {
@@ -124,6 +143,9 @@ static const struct option long_opts[] = {
   {"minimum-isolation", required_argument, NULL, O_MIN_ISO},
   {"time-limit", required_argument, NULL, O_TIME_LIMIT},
   {"verbose", no_argument, NULL, O_VERBOSE},
+  {"approve", no_argument, NULL, O_APPROVE},
+  {"store", required_argument, NULL, O_STORE},
+  {"resume", required_argument, NULL, O_RESUME},
   {"help", no_argument, NULL, O_HELP},
   {"version", no_argument, NULL, O_VERSION},
   {NULL, 0, NULL, 0}
@@ -173,6 +195,9 @@ static int parse_opts(int argc, char **argv, const char *usage, const char *allo
       case O_MODEL: o->model = optarg; break;
       case O_MIN_ISO: o->min_iso = optarg; break;
       case O_VERBOSE: o->verbose = true; break;
+      case O_APPROVE: o->approve = true; break;
+      case O_STORE: o->store = optarg; break;
+      case O_RESUME: o->resume = optarg; break;
       case O_IDLE:
         if (!parse_seconds(optarg, &o->idle)) {
           fprintf(stderr, "berth %s: --idle-timeout needs seconds >= 0\n", argv[0]);
@@ -235,8 +260,10 @@ typedef struct conn {
 } conn;
 
 /* A daemon: --daemon (+ --token-file), else the environment (if allowed), else a
- * local sandboxd (if allowed).  Returns 0, 1 for "none", or -1 on error. */
-static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local)
+ * local sandboxd (if allowed) with --provider, else $BERTH_PROVIDER, else `fallback`.
+ * Returns 0, 1 for "none", or -1 on error. */
+static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local,
+                          const char *fallback)
 {
   memset(c, 0, sizeof *c);
   c->local.pid = -1;
@@ -260,7 +287,7 @@ static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local
   const char *provider = o->provider;
   if (!provider)
     provider = getenv("BERTH_PROVIDER") && *getenv("BERTH_PROVIDER") ? getenv("BERTH_PROVIDER")
-                                                                     : "echo";
+                                                                     : fallback;
   if (berth_daemon_start(&c->local, o->sandboxd, provider, o->verbose) != 0)
     return -1;
   berth_daemon_watch(&c->local, ev_default_loop(0));  /* started again if it dies */
@@ -408,6 +435,63 @@ static char *describe_provider(berth_host *h, struct ev_loop *loop)
   return d.sandbox;
 }
 
+/* What a daemon's Describe says of where code runs (malloc'd strings). */
+typedef struct daemon_facts {
+  char *sandbox, *isolation;
+} daemon_facts;
+
+typedef struct facts_wait {
+  bool done;
+  char *error;
+  daemon_facts *facts;
+} facts_wait;
+
+static void on_facts(void *ud, plm_error *err, plm_info *info)
+{
+  facts_wait *d = ud;
+  d->done = true;
+  if (err) {
+    d->error = strdup(err->message);
+    plm_error_free(err);
+    return;
+  }
+  daemon_facts *f = d->facts;
+  f->sandbox = info->sandbox ? strdup(info->sandbox) : NULL;
+  f->isolation = info->isolation ? strdup(info->isolation) : NULL;
+  plm_info_free(info);
+}
+
+/* Asks the daemon (a first check that it answers, with this token) which provider
+ * runs the code and at which tier.  Returns 0, or -1 with a message on stderr. */
+static int describe_daemon(struct ev_loop *loop, const char *url, const char *token,
+                           daemon_facts *f)
+{
+  plm_client_options co;
+  plm_client_options_init(&co);
+  co.base_url = url;
+  co.token = token;
+  plm_client *client = NULL;
+  plm_error *e = plm_client_new(loop, &co, &client);
+  facts_wait d = {false, NULL, f};
+  if (!e)
+    e = plm_describe(client, NULL, on_facts, &d);
+  if (e) {
+    fprintf(stderr, "berth: the daemon at %s: %s\n", url, e->message);
+    plm_error_free(e);
+    plm_client_free(client);
+    return -1;
+  }
+  while (!d.done)
+    ev_run(loop, EVRUN_ONCE);
+  plm_client_free(client);
+  if (d.error) {
+    fprintf(stderr, "berth: the daemon at %s did not answer Describe: %s\n", url, d.error);
+    free(d.error);
+    return -1;
+  }
+  return 0;
+}
+
 static int cmd_replay(int argc, char **argv)
 {
   opts o;
@@ -454,7 +538,7 @@ static int cmd_replay(int argc, char **argv)
   r.turns = json_object_get(script, "turns");
   conn c;
   int status = 1;
-  if (connect_daemon(&o, &c, false, true) != 0) {
+  if (connect_daemon(&o, &c, false, true, "echo") != 0) {
     json_decref(script);
     free(scripts);
     return 1;
@@ -531,25 +615,326 @@ out:
 
 /* {====================================================== chat */
 
+/*
+ * The terminal chat.  On a terminal, standard input goes through GNU readline (line
+ * editing, a history file) in its callback mode, so the loop keeps running while the
+ * person types; on a pipe, lines are read as they come.  Either way one message is
+ * taken at a time: the next line is read once the turn before it ended (or to answer
+ * an approval question), so what the person types during a turn waits for the prompt.
+ * On a terminal a spinner shows what the turn waits for and for how long.  Ctrl-C
+ * cancels the running turn; at the prompt it exits (status 130).
+ */
+
+#define SPIN_INTERVAL 0.1
+#define HISTORY_LINES 1000
+
+typedef struct ask_op ask_op;
+
 typedef struct chat {
   struct ev_loop *loop;
+  const opts *o;
   berth_host *h;
   berth_conv *conv;
   berth_transcript tr;
   ev_io in;
-  ev_signal sigint;
-  char buf[65536];
+  ev_signal sigint, sighup;
+  ev_timer spin;
+  char buf[65536];              /* a pipe's input not taken yet */
   size_t len;
-  bool tty, ending;
+  bool tty;                     /* standard input is a terminal: readline */
+  bool spinner;                 /* standard output is a terminal */
+  bool rl_on;                   /* readline's line handler is installed */
+  bool eof;                     /* a pipe ended */
+  bool ending, interrupted;
+  bool pumping;                 /* chat_pump_pipe's loop runs (it listens after) */
+  unsigned sent, ended;         /* messages sent, turns ended */
+  ask_op *asking;               /* an approval waiting for the person's answer */
+  const char *what;             /* what the turn waits for (the spinner's label) */
+  double since;                 /* ... since when (ev_now) */
+  bool spin_shown;
+  unsigned frame;
+  char *history;                /* the history file, or NULL */
 } chat;
 
-static void chat_prompt(chat *c)
+/* readline's callbacks take no user data: the one chat of this process. */
+static chat *the_chat;
+
+static bool chat_turn_running(const chat *c)
 {
-  if (c->tty && !c->ending) {
-    fputs("you> ", stdout);
+  return c->sent != c->ended;
+}
+
+/* {-------- the spinner */
+
+static void spin_clear(chat *c)
+{
+  if (c->spin_shown) {
+    fputs("\r\033[K", stdout);
+    fflush(stdout);
+    c->spin_shown = false;
+  }
+}
+
+static void spin_draw(chat *c)
+{
+  static const char *const frames[] = {"⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"};
+  if (!c->spinner || !chat_turn_running(c) || c->asking || c->tr.in_delta || c->ending)
+    return;
+  printf("\r\033[K%s %s %.1f s", frames[c->frame++ % 10], c->what,
+         ev_now(c->loop) - c->since);
+  fflush(stdout);
+  c->spin_shown = true;
+}
+
+static void on_spin(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  spin_draw(w->data);
+}
+
+static void spin_phase(chat *c, const char *what)
+{
+  c->what = what;
+  c->since = ev_now(c->loop);
+}
+
+/* }-------- */
+
+/* {-------- the input */
+
+static void chat_take_line(chat *c, char *line);
+
+static void on_rl_line(char *line)
+{
+  chat *c = the_chat;
+  c->rl_on = false;
+  rl_callback_handler_remove();  /* installed again when the next line is wanted */
+  if (!line)
+    putchar('\n');               /* Ctrl-D leaves the cursor after the prompt */
+  chat_take_line(c, line);
+  free(line);
+}
+
+/* Output from the loop while the prompt may be on screen: the prompt and what was
+ * typed are cleared first and drawn again after (chat_output_end). */
+static void chat_output_begin(chat *c)
+{
+  spin_clear(c);
+  if (c->rl_on) {
+    fputs("\r\033[K", stdout);
     fflush(stdout);
   }
 }
+
+static void chat_output_end(chat *c)
+{
+  fflush(stdout);
+  if (c->rl_on)
+    rl_forced_update_display();
+}
+
+static const char *chat_prompt_text(const chat *c)
+{
+  return c->asking ? "run this cell? [y]es / [n]o / [a]lways: " : "you> ";
+}
+
+static void chat_pump_pipe(chat *c);
+
+/* Reads input when a line is wanted: at the prompt, or for an approval. */
+static void chat_listen(chat *c)
+{
+  bool want = !c->ending && (c->asking || !chat_turn_running(c));
+  if (c->tty) {
+    if (want && !c->rl_on) {
+      spin_clear(c);
+      rl_callback_handler_install(chat_prompt_text(c), on_rl_line);
+      c->rl_on = true;
+    } else if (!want && c->rl_on) {
+      rl_callback_handler_remove();
+      c->rl_on = false;
+    }
+  } else if (c->pumping) {
+    return;                     /* the pump's loop goes on and listens after it */
+  } else if (want) {
+    chat_pump_pipe(c);
+    return;
+  }
+  if (want && !c->eof)
+    ev_io_start(c->loop, &c->in);
+  else
+    ev_io_stop(c->loop, &c->in);
+  if (chat_turn_running(c) && !c->asking && c->spinner)
+    ev_timer_again(c->loop, &c->spin);
+  else
+    ev_timer_stop(c->loop, &c->spin);
+}
+
+/* A pipe: the complete lines buffered, one at a time while lines are wanted, then
+ * the end of input once everything before it was taken. */
+static void chat_pump_pipe(chat *c)
+{
+  c->pumping = true;
+  for (;;) {
+    bool want = !c->ending && (c->asking || !chat_turn_running(c));
+    if (!want)
+      break;
+    char *nl = memchr(c->buf, '\n', c->len);
+    if (!nl && c->len == sizeof c->buf - 1)
+      nl = c->buf + c->len;    /* a line longer than the buffer: taken as it is */
+    if (!nl && c->eof && c->len)
+      nl = c->buf + c->len;    /* the last line, without its newline */
+    if (!nl) {
+      if (c->eof)
+        chat_take_line(c, NULL);
+      break;
+    }
+    size_t n = (size_t)(nl - c->buf);
+    char line[sizeof c->buf];
+    memcpy(line, c->buf, n);
+    line[n] = '\0';
+    if (n && line[n - 1] == '\r')
+      line[n - 1] = '\0';
+    size_t used = n < c->len ? n + 1 : n;
+    memmove(c->buf, c->buf + used, c->len - used);
+    c->len -= used;
+    chat_take_line(c, line);
+  }
+  c->pumping = false;
+  bool want = !c->ending && (c->asking || !chat_turn_running(c));
+  if (want && !c->eof)
+    ev_io_start(c->loop, &c->in);
+  else
+    ev_io_stop(c->loop, &c->in);
+  if (chat_turn_running(c) && !c->asking && c->spinner)
+    ev_timer_again(c->loop, &c->spin);
+  else
+    ev_timer_stop(c->loop, &c->spin);
+}
+
+static void chat_input(struct ev_loop *loop, ev_io *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  chat *c = w->data;
+  if (c->tty) {
+    rl_callback_read_char();
+    return;
+  }
+  ssize_t n = read(STDIN_FILENO, c->buf + c->len, sizeof c->buf - 1 - c->len);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN))
+    return;
+  if (n <= 0)
+    c->eof = true;
+  else
+    c->len += (size_t)n;
+  chat_pump_pipe(c);
+}
+
+/* }-------- */
+
+/* {-------- approval (berth chat --approve) */
+
+/* The person's answer to "run this cell?", asked from a hook: approve(ctx, code,
+ * language) in the hooks table (scripts/examples/approval.lua calls it before each
+ * cell) waits for a line of input. */
+struct ask_op {
+  berth_op op;
+  chat *c;
+  const char *answer, *why;
+};
+
+static void ask_cancel(berth_op *op)
+{
+  ask_op *a = (ask_op *)op;
+  if (a->c->asking == a) {
+    a->c->asking = NULL;
+    chat_listen(a->c);
+  }
+  berth_op_finish(op);
+}
+
+static const berth_op_class ask_class = {"chat.approve", ask_cancel, NULL};
+
+static int ask_k(lua_State *L, int status, lua_KContext ctx)
+{
+  (void)status;
+  ask_op *a = lua_touserdata(L, (int)ctx);
+  berth_op_resumed(L, &a->op);
+  lua_pushstring(L, a->answer ? a->answer : "no");
+  if (a->why)
+    lua_pushstring(L, a->why);
+  else
+    lua_pushnil(L);
+  return 2;
+}
+
+static int l_approve(lua_State *L)
+{
+  chat *c = lua_touserdata(L, lua_upvalueindex(1));
+  const char *language = luaL_optstring(L, 3, "python");
+  ask_op *a = berth_op_push(L, sizeof *a, &ask_class);
+  int idx = lua_gettop(L);
+  a->c = c;
+  c->asking = a;
+  chat_output_begin(c);
+  if (!c->tty)                  /* on a terminal the prompt asks */
+    printf("approve> run this %s cell? answer y(es), n(o) or a(lways)\n",
+           strcmp(language, "nil") ? language : "(default language)");
+  chat_output_end(c);
+  chat_listen(c);
+  return berth_op_wait(L, &a->op, idx, ask_k);
+}
+
+static void chat_answer(chat *c, const char *line)
+{
+  ask_op *a = c->asking;
+  size_t n = line ? strspn(line, " \t") : 0;
+  const char *s = line ? line + n : "";
+  if (!strcasecmp(s, "y") || !strcasecmp(s, "yes"))
+    a->answer = "yes";
+  else if (!strcasecmp(s, "a") || !strcasecmp(s, "always"))
+    a->answer = "always";
+  else if (!line || !strcasecmp(s, "n") || !strcasecmp(s, "no")) {
+    a->answer = "no";
+    a->why = "the person at the terminal said no";
+  } else if (c->tty) {
+    puts("please answer y, n or a");
+    chat_listen(c);             /* asks again */
+    return;
+  } else {
+    a->answer = "no";
+    a->why = "the answer was not y, n or a";
+  }
+  c->asking = NULL;
+  spin_phase(c, "running the cell");
+  berth_op_finish(&a->op);
+  chat_listen(c);
+}
+
+/* Makes the hooks' approve(ctx, code, language) ask the person.  Hooks without one
+ * would never ask: refused, so that --approve cannot silently approve nothing. */
+static int install_approve(chat *c, char **err)
+{
+  lua_State *L = berth_host_lua(c->h);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, c->h->hooks_ref);
+  lua_getfield(L, -1, "approve");
+  bool has = lua_isfunction(L, -1);
+  lua_pop(L, 1);
+  if (!has) {
+    lua_pop(L, 1);
+    *err = strdup("--approve needs hooks that ask approve(ctx, code, language) before each "
+                  "cell, as scripts/examples/approval.lua and hooks built on it do");
+    return -1;
+  }
+  lua_pushlightuserdata(L, c);
+  lua_pushcclosure(L, l_approve, 1);
+  lua_setfield(L, -2, "approve");
+  lua_pop(L, 1);
+  return 0;
+}
+
+/* }-------- */
 
 static void chat_shut(void *ud)
 {
@@ -569,7 +954,14 @@ static void chat_end(chat *c)
   if (c->ending)
     return;
   c->ending = true;
-  ev_io_stop(c->loop, &c->in);
+  chat_listen(c);
+  if (c->o->store) {            /* kept to be continued: suspended, not completed */
+    if (berth_conv_suspended(c->conv) && !berth_conv_busy(c->conv))
+      berth_host_shutdown(c->h, chat_shut, c);
+    else
+      berth_conv_suspend(c->conv);   /* chat_event shuts down at its "suspend" */
+    return;
+  }
   berth_conv_complete(c->conv, chat_completed, c);
 }
 
@@ -577,59 +969,134 @@ static void chat_event(void *ud, berth_conv *conv, const char *kind, const json_
 {
   (void)conv;
   chat *c = ud;
-  berth_transcript_event(&c->tr, kind, data);
-  if (strcmp(kind, "turnEnd") == 0 && !berth_conv_busy(c->conv))
-    chat_prompt(c);
-}
-
-static void chat_line(chat *c, const char *line)
-{
-  if (strcmp(line, "/quit") == 0 || strcmp(line, "/exit") == 0)
-    chat_end(c);
-  else if (strcmp(line, "/suspend") == 0)
-    berth_conv_suspend(c->conv);
-  else if (strcmp(line, "/help") == 0) {
-    puts("/suspend  suspend now (as if idle)\n/quit     complete the conversation and exit");
-    chat_prompt(c);
-  } else if (*line)
-    berth_conv_send(c->conv, line);
+  chat_output_begin(c);
+  const char *code = json_string_value(json_object_get(data, "code"));
+  if (!strcmp(kind, "error") && code && !strcmp(code, "cancelled"))
+    printf("-- %s --\n", json_string_value(json_object_get(data, "message")));
   else
-    chat_prompt(c);
+    berth_transcript_event(&c->tr, kind, data);
+  if (!strcmp(kind, "toolCall"))
+    spin_phase(c, "running the cell");
+  else if (!strcmp(kind, "user") || !strcmp(kind, "toolResult") || !strcmp(kind, "assistant"))
+    spin_phase(c, "waiting for the model");
+  else if (!strcmp(kind, "turnEnd"))
+    c->ended++;
+  chat_output_end(c);
+  if (!strcmp(kind, "turnEnd"))
+    chat_listen(c);
+  if (!strcmp(kind, "suspend") && c->ending && c->o->store) {
+    printf("-- conversation %s kept: continue it with --store %s --resume %s --\n",
+           berth_conv_store_id(c->conv), c->o->store, berth_conv_store_id(c->conv));
+    fflush(stdout);
+    berth_host_shutdown(c->h, chat_shut, c);
+  }
 }
 
-static void chat_input(struct ev_loop *loop, ev_io *w, int revents)
+/* {-------- a stored conversation (berth chat --store URL [--resume ID]) */
+
+/* One stored message, briefly: its role and the start of its text. */
+static void show_stored_message(const char *text)
 {
-  (void)loop;
-  (void)revents;
-  chat *c = w->data;
-  ssize_t n = read(STDIN_FILENO, c->buf + c->len, sizeof c->buf - 1 - c->len);
-  if (n <= 0) {
-    if (n < 0 && errno == EINTR)
-      return;
-    if (c->len) {
-      c->buf[c->len] = '\0';
-      chat_line(c, c->buf);
-      c->len = 0;
+  json_t *m = json_loads(text, 0, NULL);
+  const char *role = json_string_value(json_object_get(m, "role"));
+  const char *content = json_string_value(json_object_get(m, "content"));
+  if (role && content && (!strcmp(role, "user") || !strcmp(role, "assistant"))) {
+    size_t n = strcspn(content, "\n");
+    printf("  %s> %.*s%s\n", !strcmp(role, "user") ? "you" : "assistant",
+           (int)(n > 200 ? 200 : n), content, n > 200 || content[n] ? " …" : "");
+  }
+  json_decref(m);
+}
+
+#define RESUME_SHOWN 6           /* stored messages shown when resuming */
+
+/* Opens the chat's conversation in the store: --resume ID continues that one (its
+ * last messages shown; the host gives it a fresh sandbox, which the hooks tell the
+ * model at its first cell), else a new one whose id is printed to resume it by. */
+static int chat_open_stored(chat *c, berth_store *store)
+{
+  berth_conv_options co = {0};
+  if (c->o->resume) {
+    berth_store_conv rec;
+    bool found = false;
+    berth_error *e = berth_store_get_conv(store, c->o->resume, &rec, &found);
+    if (!e && !found)
+      e = berth_error_new("invalid_argument", "no conversation %s in the store %s",
+                          c->o->resume, c->o->store);
+    if (!e && rec.status == BERTH_STORE_COMPLETED)
+      e = berth_error_new("completed", "the conversation %s was completed: it takes no "
+                                       "more messages", c->o->resume);
+    unsigned turns = found ? rec.turns : 0;
+    berth_store_conv_clear(&rec);
+    char **texts = NULL;
+    size_t n = 0;
+    if (!e)
+      e = berth_store_load_messages(store, c->o->resume, &texts, &n);
+    if (!e) {
+      co.store_id = c->o->resume;
+      e = berth_conv_open(c->h, &co, &c->conv);
     }
+    if (e) {
+      fprintf(stderr, "berth chat: %s\n", e->message);
+      berth_error_free(e);
+      berth_store_texts_free(texts, n);
+      return -1;
+    }
+    printf("-- conversation %s resumed: %u turn%s, %zu messages; the last ones: --\n",
+           c->o->resume, turns, turns == 1 ? "" : "s", n);
+    for (size_t i = n > RESUME_SHOWN ? n - RESUME_SHOWN : 0; i < n; i++)
+      show_stored_message(texts[i]);
+    printf("-- its sandbox is new: what earlier cells left there is gone (the model is "
+           "told at its next cell) --\n");
+    berth_store_texts_free(texts, n);
+  } else {
+    berth_error *e = berth_conv_open(c->h, &co, &c->conv);
+    if (e) {
+      fprintf(stderr, "berth chat: %s\n", e->message);
+      berth_error_free(e);
+      return -1;
+    }
+    printf("-- conversation %s (kept in %s: continue it with --resume %s) --\n",
+           berth_conv_store_id(c->conv), c->o->store, berth_conv_store_id(c->conv));
+  }
+  fflush(stdout);
+  return 0;
+}
+
+/* }-------- */
+
+static void chat_help(void)
+{
+  puts("/suspend  suspend now (as if idle)\n"
+       "/quit     complete the conversation and exit (also Ctrl-D)\n"
+       "Ctrl-C    cancel the running turn; at the prompt, exit");
+}
+
+static void chat_take_line(chat *c, char *line)
+{
+  if (c->asking) {
+    chat_answer(c, line);
+    return;
+  }
+  if (!line) {
     chat_end(c);
     return;
   }
-  c->len += (size_t)n;
-  char *start = c->buf, *nl;
-  while (!c->ending && (nl = memchr(start, '\n', c->len - (size_t)(start - c->buf)))) {
-    *nl = '\0';
-    if (nl > start && nl[-1] == '\r')
-      nl[-1] = '\0';
-    chat_line(c, start);
-    start = nl + 1;
+  if (c->tty && *line)
+    add_history(line);
+  if (!strcmp(line, "/quit") || !strcmp(line, "/exit"))
+    chat_end(c);
+  else if (!strcmp(line, "/suspend"))
+    berth_conv_suspend(c->conv);
+  else if (!strcmp(line, "/help"))
+    chat_help();
+  else if (*line) {
+    if (berth_conv_send(c->conv, line) == 0) {
+      c->sent++;
+      spin_phase(c, "waiting for the model");
+    }
   }
-  c->len -= (size_t)(start - c->buf);
-  memmove(c->buf, start, c->len);
-  if (c->len == sizeof c->buf - 1) {  /* a line longer than the buffer: send it as is */
-    c->buf[c->len] = '\0';
-    chat_line(c, c->buf);
-    c->len = 0;
-  }
+  chat_listen(c);
 }
 
 static void chat_sigint(struct ev_loop *loop, ev_signal *w, int revents)
@@ -637,9 +1104,89 @@ static void chat_sigint(struct ev_loop *loop, ev_signal *w, int revents)
   (void)loop;
   (void)revents;
   chat *c = w->data;
-  if (c->ending)
-    ev_break(c->loop, EVBREAK_ALL);   /* a second ^C: stop now */
+  c->interrupted = true;
+  if (c->ending) {
+    ev_break(c->loop, EVBREAK_ALL);   /* a second ^C while completing: stop now */
+    return;
+  }
+  if (chat_turn_running(c)) {
+    chat_output_begin(c);
+    puts("^C");
+    chat_output_end(c);
+    if (berth_conv_cancel_turn(c->conv, "the turn was cancelled (Ctrl-C); the "
+                                        "conversation goes on"))
+      return;                   /* its turnEnd brings the prompt back */
+  }
+  if (c->tty && c->rl_on && rl_end > 0) {   /* a line being typed: dropped, as shells do */
+    rl_free_line_state();
+    rl_callback_sigcleanup();
+    rl_replace_line("", 0);
+    fputs("^C\n", stdout);
+    rl_forced_update_display();
+    return;
+  }
+  if (c->rl_on)
+    putchar('\n');
   chat_end(c);
+}
+
+static void chat_sighup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  chat *c = w->data;
+  char *err = NULL;
+  if (berth_host_reload(c->h) == 0 && c->o->approve && install_approve(c, &err) != 0) {
+    fprintf(stderr, "berth chat: the reloaded hooks: %s; exiting\n", err);
+    free(err);
+    ev_break(c->loop, EVBREAK_ALL);
+  }
+}
+
+/* A hook that failed in the chat's conversation is shown once, as its "error> " line;
+ * the log's copy, with the traceback, only with --verbose. */
+static void chat_log(void *ud, berth_log_level level, const char *message)
+{
+  chat *c = ud;
+  if (level == BERTH_LOG_DEBUG && !c->o->verbose)
+    return;
+  if (level == BERTH_LOG_ERROR && !c->o->verbose && c->conv) {
+    char mark[128];
+    snprintf(mark, sizeof mark, " of conversation %s failed: ", berth_conv_run_id(c->conv));
+    if (strstr(message, mark))
+      return;
+  }
+  chat_output_begin(c);
+  cli_log((void *)c->o, level, message);
+  chat_output_end(c);
+}
+
+static char *history_path(void)
+{
+  const char *env = getenv("BERTH_HISTORY");
+  if (env)
+    return *env ? strdup(env) : NULL;  /* set and empty: no history file */
+  const char *home = getenv("HOME");
+  if (!home || !*home)
+    return NULL;
+  size_t n = strlen(home) + 32;
+  char *p = malloc(n);
+  snprintf(p, n, "%s/.berth_history", home);
+  return p;
+}
+
+static void chat_banner(const chat *c, const char *model, const conn *cn,
+                        const daemon_facts *df)
+{
+  if (c->tty)
+    printf("berth chat — model %s, code runs in %s (%s isolation)%s; /help for commands\n",
+           model, df->sandbox ? df->sandbox : "?", df->isolation ? df->isolation : "?",
+           cn->own ? " on a local sandboxd" : "");
+  if (c->tr.no_code_runs)
+    fprintf(stderr, "berth chat: the echo provider runs NO code: each result is the code "
+                    "echoed back, not its output (leave out --provider, or pass --provider "
+                    "auto, to run it)\n");
+  fflush(stdout);
 }
 
 static int cmd_chat(int argc, char **argv)
@@ -647,11 +1194,21 @@ static int cmd_chat(int argc, char **argv)
   opts o;
   int rc = parse_opts(argc, argv, chat_usage,
                       "model hooks daemon token-file sandboxd provider idle-timeout "
-                      "minimum-isolation verbose help version", &o);
+                      "minimum-isolation approve store resume verbose help version", &o);
   if (rc >= 0)
     return rc;
   if (optind != argc) {
     fprintf(stderr, "berth chat: unexpected argument %s\n\n%s", argv[optind], chat_usage);
+    return 2;
+  }
+  if (o.resume && !o.store) {
+    fprintf(stderr, "berth chat: --resume needs --store (where the conversation is kept)\n");
+    return 2;
+  }
+  if (!o.model && !o.hooks) {
+    fprintf(stderr, "berth chat: no model: pass --model openai[:NAME] (an OpenAI-compatible "
+                    "server: set BERTH_MODEL_URL, BERTH_API_KEY and BERTH_MODEL) or --model "
+                    "scripted:FILE (a conversation script)\n");
     return 2;
   }
   struct ev_loop *loop = ev_default_loop(0);
@@ -660,7 +1217,8 @@ static int cmd_chat(int argc, char **argv)
   if (o.hooks)
     snprintf(hooks, sizeof hooks, "%s", o.hooks);
   else if (scripts)
-    snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
+    snprintf(hooks, sizeof hooks, "%s/%s", scripts,
+             o.approve ? "examples/approval.lua" : "code_chat.lua");
   else {
     fprintf(stderr, "berth chat: cannot find the shipped scripts (set BERTH_SCRIPTS, or "
                     "give --hooks)\n");
@@ -669,19 +1227,27 @@ static int cmd_chat(int argc, char **argv)
   chat c;
   memset(&c, 0, sizeof c);
   c.loop = loop;
+  c.o = &o;
   c.tr.out = stdout;
   c.tr.streaming = true;
   c.tty = isatty(STDIN_FILENO);
+  c.spinner = isatty(STDOUT_FILENO);
+  the_chat = &c;
   int status = 1;
   char *err = NULL;
   berth_model *model = NULL;
+  berth_store *store = NULL;
+  daemon_facts df = {NULL, NULL};
   conn cn;
-  if (connect_daemon(&o, &cn, true, true) != 0) {
+  if (connect_daemon(&o, &cn, true, true, "auto") != 0) {
     free(scripts);
     return 1;
   }
+  if (describe_daemon(loop, cn.url, cn.token, &df) != 0)
+    goto out;
+  c.tr.no_code_runs = df.sandbox && !strcmp(df.sandbox, "echo");
   if (o.model) {
-    berth_model_options mo = {loop, cn.provider, NULL, NULL};
+    berth_model_options mo = {loop, df.sandbox, NULL, NULL};
     model = berth_model_new(o.model, &mo, &err);
     if (!model) {
       fprintf(stderr, "berth chat: %s\n", err);
@@ -703,39 +1269,77 @@ static int cmd_chat(int argc, char **argv)
   ho.model = model;
   ho.on_event = chat_event;
   ho.event_ud = &c;
-  ho.log = cli_log;
-  ho.log_ud = &o;
-  ho.handle_sighup = true;
-  if (berth_host_new(&ho, &c.h, &err) != 0) {
+  ho.log = chat_log;
+  ho.log_ud = &c;
+  if (o.store) {
+    berth_error *se = berth_store_open(loop, o.store, &store);
+    if (se) {
+      fprintf(stderr, "berth chat: %s\n", se->message);
+      berth_error_free(se);
+      goto out;
+    }
+    ho.store = store;
+  }
+  if (berth_host_new(&ho, &c.h, &err) != 0 || (o.approve && install_approve(&c, &err) != 0)) {
     fprintf(stderr, "berth chat: %s\n", err);
     free(err);
     goto out;
   }
-  char run_id[64];
-  snprintf(run_id, sizeof run_id, "chat-%ld", (long)getpid());
-  c.conv = berth_conv_new(c.h, run_id, NULL);
-  if (c.tty)
-    printf("berth chat (%s) — /help for commands\n", model ? o.model : "no model: --model");
+  if (store) {
+    if (chat_open_stored(&c, store) != 0)
+      goto out;
+  } else {
+    char run_id[64];
+    snprintf(run_id, sizeof run_id, "chat-%ld", (long)getpid());
+    c.conv = berth_conv_new(c.h, run_id, NULL);
+  }
+  chat_banner(&c, o.model ? o.model : "none (--hooks)", &cn, &df);
+  if (c.tty) {
+    rl_catch_signals = 0;       /* the loop handles SIGINT (chat_sigint) */
+    rl_readline_name = "berth";
+    using_history();
+    stifle_history(HISTORY_LINES);
+    if ((c.history = history_path()))
+      read_history(c.history);  /* none yet is fine */
+  }
   ev_io_init(&c.in, chat_input, STDIN_FILENO, EV_READ);
   c.in.data = &c;
-  ev_io_start(loop, &c.in);
+  ev_timer_init(&c.spin, on_spin, 0., SPIN_INTERVAL);
+  c.spin.data = &c;
   ev_signal_init(&c.sigint, chat_sigint, SIGINT);
   c.sigint.data = &c;
   ev_signal_start(loop, &c.sigint);
   ev_unref(loop);
-  chat_prompt(&c);
+  ev_signal_init(&c.sighup, chat_sighup, SIGHUP);
+  c.sighup.data = &c;
+  ev_signal_start(loop, &c.sighup);
+  ev_unref(loop);               /* reloading alone keeps nothing alive */
+  chat_listen(&c);
   ev_run(loop, 0);
   ev_ref(loop);
   ev_signal_stop(loop, &c.sigint);
+  ev_ref(loop);
+  ev_signal_stop(loop, &c.sighup);
   ev_io_stop(loop, &c.in);
-  status = berth_host_errors(c.h) ? 1 : 0;
+  ev_timer_stop(loop, &c.spin);
+  spin_clear(&c);
+  if (c.rl_on)
+    rl_callback_handler_remove();
+  if (c.history && write_history(c.history) == 0)
+    history_truncate_file(c.history, HISTORY_LINES);
+  status = c.interrupted ? 130 : berth_host_errors(c.h) ? 1 : 0;
 out:
   if (c.conv)
     berth_conv_free(c.conv);
   berth_host_free(c.h);
+  berth_store_free(store);      /* after the host: its last writes */
   berth_model_free(model);
   disconnect_daemon(&cn);
+  free(df.sandbox);
+  free(df.isolation);
+  free(c.history);
   free(scripts);
+  the_chat = NULL;
   ev_loop_destroy(loop);
   return status;
 }
@@ -781,7 +1385,7 @@ static int cmd_lua(int argc, char **argv)
   char *err = NULL;
   berth_model *model = NULL;
   conn cn;
-  if (connect_daemon(&o, &cn, true, false) < 0) {
+  if (connect_daemon(&o, &cn, true, false, "echo") < 0) {
     free(scripts);
     return 1;
   }

@@ -79,6 +79,7 @@ typedef struct berth_transcript {
   FILE *out;
   bool streaming;               /* print deltas as they come (chat) */
   bool in_delta;                /* a delta line is open */
+  bool no_code_runs;            /* the echo provider: each result says nothing ran */
   unsigned turn;
 } berth_transcript;
 

@@ -122,6 +122,9 @@ static int spawn(berth_daemon *d, const char *listen)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent)
       _exit(1);
+    /* Its own process group: the terminal's Ctrl-C (SIGINT to the foreground group)
+     * is berth's to handle, and must not take the daemon and its sandboxes down. */
+    setpgid(0, 0);
     dup2(fds[1], STDOUT_FILENO);
     if (!d->verbose) {
       int null = open("/dev/null", O_WRONLY);
@@ -135,6 +138,7 @@ static int spawn(berth_daemon *d, const char *listen)
     _exit(127);
   }
   close(fds[1]);
+  setpgid(pid, pid);            /* (also here: whichever runs first) */
   d->pid = pid;
   d->out_fd = fds[0];
   /* Read its stdout until `listening URL`, within a bound; a daemon that exits or
@@ -161,8 +165,15 @@ static int spawn(berth_daemon *d, const char *listen)
     }
     n++;
   }
-  fprintf(stderr, "berth: %s --provider %s did not start (run with --verbose to see its "
-                  "log)\n", d->prog, d->provider);
+  if (strcmp(d->provider, "auto") == 0)
+    fprintf(stderr, "berth: %s --provider auto did not start: no isolating provider "
+                    "(gvisor, bwrap) passed its smoke test here (--verbose shows why).  "
+                    "Pass --daemon URL for a daemon elsewhere, or --provider process "
+                    "--minimum-isolation process to run code without isolation\n",
+            d->prog);
+  else
+    fprintf(stderr, "berth: %s --provider %s did not start (run with --verbose to see its "
+                    "log)\n", d->prog, d->provider);
   return -1;
 }
 

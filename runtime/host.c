@@ -11,6 +11,7 @@
  * coroutine, where a memory error is an ordinary Lua error.
  */
 #include "runtime.h"
+#include "cli.h"                /* berth_default_floor */
 #include "jsonlua.h"
 
 #include <errno.h>
@@ -690,8 +691,10 @@ static int open_sandboxes(berth_host *h)
     so.client = h->client;
     so.languages = languages;
     so.n_languages = 2;
-    if (h->o.minimum_isolation)
-      so.minimum_isolation = h->o.minimum_isolation;
+    /* One rule for every face (berth_default_floor): container over loopback http,
+     * kernel over https. */
+    so.minimum_isolation = h->o.minimum_isolation ? h->o.minimum_isolation
+                                                  : berth_default_floor(h->o.daemon_url);
     so.timeout_ms = h->o.timeout_ms;
     if (h->o.max_sandboxes > 0)
       so.max_sessions = h->o.max_sandboxes;

@@ -348,11 +348,13 @@ static void on_done(void *ud, const berth_http_result *res)
   if (st == 0) {
     if (res->timed_out)
       call_end(c, NULL, "deadline_exceeded",
-               oai_fmt("the model provider at %s did not answer in time (%s)", m->url,
+               oai_fmt("the model provider at %s did not answer in time (%s); try again, "
+                       "or raise BERTH_MODEL_TIMEOUT", m->url,
                        res->error ? res->error : "timeout"));
     else
       call_end(c, NULL, "unavailable",
-               oai_fmt("cannot reach the model provider at %s (%s)", m->url,
+               oai_fmt("cannot reach the model provider at %s (%s); check that it runs "
+                       "and that BERTH_MODEL_URL names it", m->url,
                        res->error ? res->error : "no answer"));
     return;
   }

@@ -118,8 +118,17 @@ static void exec_done(void *ud, plm_error *err, plm_code_output *out)
     h->st.cell_errors++;
     berth_count_error(h, "cell", plmlua_error_code(err));
   }
-  if (x->op.task && x->op.task->conv)
+  if (x->op.task && x->op.task->conv) {
     berth_conv_cell_done(x->op.task->conv, err == NULL);
+    berth_cell_timing t = {(berth_clock() - x->started) * 1e3, 0, 0, 0, 0};
+    if (out) {
+      t.wait_ms = out->wait_ms;
+      t.call_ms = out->call_ms;
+      t.check_ms = out->check_ms;
+      t.daemon_ms = out->daemon_ms;
+    }
+    berth_conv_set_cell_timing(x->op.task->conv, &t);
+  }
   berth_op_finish(&x->op);
 }
 
@@ -198,11 +207,20 @@ static int l_execute(lua_State *L)
   return berth_op_wait(L, &x->op, idx, exec_k);
 }
 
+/* warm and dispose take (runId [, userId]) and nothing else: an options table there
+ * would otherwise be ignored. */
+static void check_no_more(lua_State *L, int first, const char *what)
+{
+  if (!lua_isnoneornil(L, first))
+    luaL_error(L, "%s takes (runId [, userId]); argument #%d is one too many", what, first);
+}
+
 static int l_warm(lua_State *L)
 {
   berth_host *h = berth_host_of(L);
   const char *run = luaL_checkstring(L, 1);
   const char *user = luaL_optstring(L, 2, NULL);
+  check_no_more(L, 3, "sandbox.warm");
   plm_key key = {user ? user : berth_owner_get(h, run), run};
   /* T16, X05: an empty run id or userId is refused at once, before anything is
    * recorded and whether or not a daemon is configured, as executeCode refuses it
@@ -257,6 +275,7 @@ static int l_dispose(lua_State *L)
   berth_host *h = berth_host_of(L);
   const char *run = luaL_checkstring(L, 1);
   const char *user = luaL_optstring(L, 2, NULL);
+  check_no_more(L, 3, "sandbox.dispose");
   if (!h->sandboxes)
     return env_fail(L, h->env_error);
   dispose_op *d = berth_op_push(L, sizeof *d, &dispose_class);
@@ -409,6 +428,12 @@ static int l_chat(lua_State *L)
   berth_host *h = berth_host_of(L);
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
+  static const char *const keys[] = {"messages", "tools", "on_delta", NULL};
+  plmlua_check_keys(L, 1, "model.chat", keys);
+  lua_getfield(L, 1, "on_delta");
+  if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
+    luaL_error(L, "model.chat: on_delta must be a function (got %s)", luaL_typename(L, -1));
+  lua_pop(L, 1);
   if (!h->model)
     return plmlua_push_fail(L, "no model is configured (give --model scripted:FILE or --model openai[:NAME])",
                             "unavailable");

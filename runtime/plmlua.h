@@ -3,13 +3,17 @@
  * the stock-Lua module (module/plimsoll.c, which links libplimsoll but not libberth,
  * hence static functions in a header).
  *
- *   plmlua_check_input   {code=, language=, files={{path=, content=}, ...}} -> input
+ *   plmlua_check_input   {code=, language=, files={{path=, content=}, ...}, timeoutMs=}
+ *                        -> input (runId and userId are the caller's to read)
+ *   plmlua_check_keys    an unknown key in an options table raises, naming the known
  *   plmlua_push_output   the executeCode result table (client.md §7.2 fields)
  *   plmlua_push_error    nil, message, code
  */
 #ifndef BERTH_PLMLUA_H
 #define BERTH_PLMLUA_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <lauxlib.h>
@@ -42,6 +46,56 @@ static inline int plmlua_push_error(lua_State *L, const plm_error *e)
                           plmlua_error_code(e));
 }
 
+/* Raises (misuse) when the table at idx holds a key not in `known` (NULL-terminated),
+ * naming the known ones: a misspelt option ("lang") would otherwise be ignored and the
+ * call run with the default.  `what` names the call in the message. */
+static inline void plmlua_check_keys(lua_State *L, int idx, const char *what,
+                                     const char *const *known)
+{
+  idx = lua_absindex(L, idx);
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    bool ok = false;
+    if (lua_type(L, -1) == LUA_TSTRING)
+      for (const char *const *k = known; *k && !ok; k++)
+        ok = strcmp(lua_tostring(L, -1), *k) == 0;
+    if (!ok) {
+      luaL_Buffer b;
+      luaL_buffinit(L, &b);
+      for (const char *const *k = known; *k; k++) {
+        if (k != known)
+          luaL_addstring(&b, ", ");
+        luaL_addstring(&b, *k);
+      }
+      luaL_pushresult(&b);
+      if (lua_type(L, -2) == LUA_TSTRING)
+        luaL_error(L, "%s: unknown option '%s' (known: %s)", what, lua_tostring(L, -2),
+                   lua_tostring(L, -1));
+      luaL_error(L, "%s: unknown option [%s] (known: %s)", what, luaL_typename(L, -2),
+                 lua_tostring(L, -1));
+    }
+  }
+}
+
+/* An optional timeout in milliseconds: nil (0: the default), else an integer in
+ * [1, 2^31-1]; anything else raises. */
+static inline int64_t plmlua_opt_ms(lua_State *L, int idx, const char *what, const char *key)
+{
+  lua_getfield(L, idx, key);
+  int64_t ms = 0;
+  if (!lua_isnil(L, -1)) {
+    int isint = 0;
+    lua_Integer v = lua_tointegerx(L, -1, &isint);
+    if (!isint || v < 1 || v > 2147483647)
+      luaL_error(L, "%s: %s must be a whole number of milliseconds in 1 .. 2147483647",
+                 what, key);
+    ms = (int64_t)v;
+  }
+  lua_pop(L, 1);
+  return ms;
+}
+
 /* Fills `in` from the table at idx.  Strings stay owned by Lua (the table is on the
  * caller's stack); the files array is a userdata pushed on the stack.  Wrong types
  * raise (misuse); values the library judges (an empty code, 199 files, a bad path)
@@ -51,6 +105,12 @@ static inline void plmlua_check_input(lua_State *L, int idx, plm_code_input *in)
   idx = lua_absindex(L, idx);
   memset(in, 0, sizeof *in);
   luaL_checktype(L, idx, LUA_TTABLE);
+  /* The keys an executeCode table may hold (the host's and the module's). */
+  static const char *const keys[] = {
+    "code", "language", "files", "runId", "userId", "timeoutMs", NULL
+  };
+  plmlua_check_keys(L, idx, "executeCode", keys);
+  in->timeout_ms = plmlua_opt_ms(L, idx, "executeCode", "timeoutMs");
   lua_getfield(L, idx, "code");
   if (lua_type(L, -1) != LUA_TSTRING) /* not a number either: its conversion would not
                                         be anchored by the table */
@@ -80,6 +140,8 @@ static inline void plmlua_check_input(lua_State *L, int idx, plm_code_input *in)
     lua_rawgeti(L, -2, (lua_Integer)i + 1);
     if (!lua_istable(L, -1))
       luaL_error(L, "executeCode: files[%d] must be a table {path=, content=}", (int)i + 1);
+    static const char *const file_keys[] = {"path", "content", NULL};
+    plmlua_check_keys(L, -1, "executeCode: a file", file_keys);
     lua_getfield(L, -1, "path");
     lua_getfield(L, -2, "content");
     if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)

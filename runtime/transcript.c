@@ -77,6 +77,9 @@ static void print_result(berth_transcript *t, const json_t *ev)
   const char *sha = json_string_value(json_object_get(r, "recordSha256"));
   fprintf(t->out, ", isolation %s, record %.12s\n",
           str(json_object_get(r, "isolation"), "?"), sha ? sha : "?");
+  if (t->no_code_runs)
+    fputs("  note| NO CODE RAN: the echo provider echoes the code back as its output\n",
+          t->out);
   static const char *const streams[] = {"stdout", "stderr"};
   for (int i = 0; i < 2; i++) {
     const json_t *s = json_object_get(r, streams[i]);

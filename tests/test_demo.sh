@@ -89,14 +89,145 @@ return { turns = {
   { user = "thanks", replies = { { say = "You're welcome." } } },
 } }
 LUA
-    printf 'compute\nthanks\n' | "$B" chat --model "scripted:$work/chat.lua" > "$work/chat.out" 2>&1 ||
-        { cat "$work/chat.out"; return 1; }
+    printf 'compute\nthanks\n' | "$B" chat --provider echo --model "scripted:$work/chat.lua" \
+        > "$work/chat.out" 2>&1 || { cat "$work/chat.out"; return 1; }
     cat "$work/chat.out"
     has "$work/chat.out" "tool> executeCode (default language) [call_1_1_1]" &&
     has "$work/chat.out" "stdout| python 1: 6 * 7" &&
+    # echo, named: the start and every result say that no code ran (issue 14)
+    has "$work/chat.out" "berth chat: the echo provider runs NO code" &&
+    has "$work/chat.out" "note| NO CODE RAN: the echo provider echoes the code back" &&
     has "$work/chat.out" "assistant> It is 42." &&
     has "$work/chat.out" "assistant> You're welcome." &&
     has "$work/chat.out" "-- the conversation completed (onComplete ran) --"
+}
+
+# Issue 14: no silent fakes.  Without a daemon, chat starts a local sandboxd with the
+# strongest provider whose smoke test passes (as make demo does): the code runs.
+test_chat_runs_code_on_the_strongest_provider_by_default() {
+    cat > "$work/py.lua" <<'LUA'
+return { turns = { { user = "compute", replies = {
+  { call = { code = "print(6 * 7)" } }, { say = "It is 42." } } } } }
+LUA
+    printf 'compute\n' | env -u PLIMSOLL_URL -u BERTH_PROVIDER "$B" chat \
+        --model "scripted:$work/py.lua" > "$work/auto.out" 2>&1 || { cat "$work/auto.out"; return 1; }
+    cat "$work/auto.out"
+    has "$work/auto.out" "stdout| 42" &&
+    has_re "$work/auto.out" "isolation (container|kernel|vm)" &&
+    ! grep -q "NO CODE" "$work/auto.out"
+}
+
+test_chat_and_serve_refuse_to_start_without_a_model() {
+    printf 'hi\n' | "$B" chat --provider echo > "$work/nomodel.out" 2>&1
+    rc=$?
+    cat "$work/nomodel.out"
+    [ $rc -eq 2 ] || { echo "chat: exit $rc, not 2"; return 1; }
+    has "$work/nomodel.out" "berth chat: no model: pass --model openai[:NAME]" || return 1
+    echo tok > "$work/callers"
+    "$B" serve --listen 127.0.0.1:0 --token-file "$work/callers" > "$work/serve_nomodel.out" 2>&1
+    rc=$?
+    cat "$work/serve_nomodel.out"
+    [ $rc -eq 2 ] || { echo "serve: exit $rc, not 2"; return 1; }
+    has "$work/serve_nomodel.out" "no model: pass --model openai[:NAME]"
+}
+
+# A model that cannot be reached: one line saying what failed and what to do, no
+# traceback, no second copy of the message.
+test_chat_model_failure_is_one_line() {
+    printf 'hi\n' | BERTH_MODEL_URL=http://127.0.0.1:9/v1 BERTH_MODEL=m BERTH_API_KEY=k \
+        "$B" chat --provider echo --model openai > "$work/mfail.out" 2>&1
+    rc=$?
+    cat "$work/mfail.out"
+    [ $rc -eq 1 ] || { echo "exit $rc, not 1"; return 1; }
+    [ "$(grep -c 'cannot reach the model provider' "$work/mfail.out")" -eq 1 ] || {
+        echo "the failure is not said exactly once"; return 1; }
+    has "$work/mfail.out" "check that it runs and that BERTH_MODEL_URL names it" &&
+    ! grep -q "stack traceback" "$work/mfail.out"
+}
+
+# --approve on a pipe: the question is a line of the transcript, the next input line
+# answers it (n: the cell does not run and the model is told; a: this and later cells
+# run without asking).
+test_chat_approve_asks_before_each_cell() {
+    cat > "$work/appr.lua" <<'LUA'
+return { turns = {
+  { user = "one", replies = { { call = { code = "1 + 1" } }, { say = "said one" } } },
+  { user = "two", replies = { { call = { code = "2 + 2" } }, { say = "said two" } } },
+  { user = "three", replies = { { call = { code = "3 + 3" } }, { say = "said three" } } },
+} }
+LUA
+    printf 'one\nn\ntwo\na\nthree\n' | "$B" chat --approve --provider echo \
+        --model "scripted:$work/appr.lua" > "$work/appr.out" 2>&1 || { cat "$work/appr.out"; return 1; }
+    cat "$work/appr.out"
+    [ "$(grep -c '^approve> run this (default language) cell?' "$work/appr.out")" -eq 2 ] || {
+        echo "not asked exactly twice"; return 1; }
+    has "$work/appr.out" "result> error [permission] Nothing ran: the cell was not approved (the person at the terminal said no)" &&
+    has "$work/appr.out" "stdout| python 1: 2 + 2" &&
+    has "$work/appr.out" "stdout| python 2: 3 + 3" &&
+    ! grep -q "python 1: 1 + 1" "$work/appr.out" &&
+    has "$work/appr.out" "assistant> said three"
+}
+
+test_chat_approve_needs_hooks_that_ask() {
+    printf 'x\n' | "$B" chat --approve --provider echo --hooks scripts/code_chat.lua \
+        --model "scripted:$work/appr.lua" > "$work/appr2.out" 2>&1
+    rc=$?
+    cat "$work/appr2.out"
+    [ $rc -eq 1 ] && has "$work/appr2.out" "--approve needs hooks that ask approve(ctx, code, language)"
+}
+
+# timeoutMs on one executeCode call is honoured (issue 14, item 3): a cell sleeping 20 s
+# with timeoutMs = 1500 is cut off after a second and a half, on a real provider.
+test_executeCode_timeoutMs_per_call_is_honoured() {
+    cat > "$work/tmo.lua" <<'LUA'
+-- the sandbox opened first: the budget counts from when the daemon takes the call,
+-- and a sandbox still opening when it ends runs nothing ("capacity")
+assert(sandbox.executeCode{runId = "t", code = "1"})
+local t0 = now()
+local r, msg = sandbox.executeCode{runId = "t", code = "import time\ntime.sleep(20)\nprint('late')",
+                                   timeoutMs = 1500}
+assert(r, msg)
+local took = now() - t0
+assert(r.timedOut and r.stdout == "" and took < 10, ("timedOut %s after %.1f s"):format(r.timedOut, took))
+print("timeout ok")
+LUA
+    env -u PLIMSOLL_URL "$B" lua --provider auto "$work/tmo.lua" > "$work/tmo.out" 2>&1 ||
+        { cat "$work/tmo.out"; return 1; }
+    has "$work/tmo.out" "timeout ok"
+}
+
+# berth chat --store: the new conversation's id is printed at start, end of input
+# suspends it (kept), and --resume ID continues it in a later process: its last
+# messages shown, turn numbers going on, its first cell in a fresh sandbox (the
+# result the model reads says freshSandbox).  A wrong id, or --resume alone, is refused.
+test_chat_store_and_resume() {
+    cat > "$work/resume.lua" <<'LUA'
+return { template = true, loop = true, turns = {
+  { user = "*", replies = { { call = { code = "{{user}}" } }, { say = "ran {{user}}" } } } } }
+LUA
+    db="sqlite:$work/chat.db"
+    printf 'x = 6 * 7\n' | "$B" chat --provider echo --store "$db" \
+        --model "scripted:$work/resume.lua" > "$work/c1.out" 2>&1 || { cat "$work/c1.out"; return 1; }
+    cat "$work/c1.out"
+    id=$(sed -n 's/^-- conversation \([^ ]*\) (kept in .*/\1/p' "$work/c1.out")
+    [ -n "$id" ] || { echo "no conversation id printed at start"; return 1; }
+    has "$work/c1.out" "assistant> ran x = 6 * 7" &&
+    has "$work/c1.out" "-- conversation $id kept: continue it with --store $db --resume $id --" || return 1
+    ! grep -q "completed (onComplete ran)" "$work/c1.out" || { echo "completed, not kept"; return 1; }
+    printf 'print(x)\n' | "$B" chat --provider echo --store "$db" --resume "$id" \
+        --model "scripted:$work/resume.lua" > "$work/c2.out" 2>&1 || { cat "$work/c2.out"; return 1; }
+    cat "$work/c2.out"
+    has "$work/c2.out" "-- conversation $id resumed: 1 turn, 5 messages; the last ones: --" &&
+    has "$work/c2.out" "  you> x = 6 * 7" &&
+    has "$work/c2.out" "  assistant> ran x = 6 * 7" &&
+    has "$work/c2.out" "tool> executeCode (default language) [call_2_1_1]" &&
+    has "$work/c2.out" "assistant> ran print(x)" || return 1
+    grep '^result> ' "$work/c2.out" | grep -q 'freshSandbox' || { echo "the resumed cell is not in a fresh sandbox"; return 1; }
+    "$B" chat --provider echo --store "$db" --resume nosuch --model "scripted:$work/resume.lua" \
+        < /dev/null > "$work/c3.out" 2>&1
+    [ $? -eq 1 ] && has "$work/c3.out" "no conversation nosuch in the store" || return 1
+    "$B" chat --resume "$id" --model "scripted:$work/resume.lua" < /dev/null > "$work/c4.out" 2>&1
+    [ $? -eq 2 ] && has "$work/c4.out" "--resume needs --store"
 }
 
 test_lua_runs_files_with_berth_modules() {
@@ -163,6 +294,13 @@ run replay_fails_on_a_broken_expectation
 run replay_fails_on_a_hook_error
 run replay_rejects_a_malformed_script
 run chat_on_piped_input
+run chat_store_and_resume
+run chat_runs_code_on_the_strongest_provider_by_default
+run chat_and_serve_refuse_to_start_without_a_model
+run chat_model_failure_is_one_line
+run chat_approve_asks_before_each_cell
+run chat_approve_needs_hooks_that_ask
+run executeCode_timeoutMs_per_call_is_honoured
 run lua_runs_files_with_berth_modules
 run lua_with_a_local_daemon
 run busted_specs_through_berth_lua

@@ -331,6 +331,31 @@ static const char failing_hooks[] =
   "end\n"
   "return M\n";
 
+/* Issue 14: one isolation-default rule everywhere.  Without minimum_isolation the floor
+ * over loopback http is "container", as in the berth command and the stock-Lua module:
+ * a container-tier daemon (sandboxd echo's default tier) runs the cell (with the old
+ * "kernel" default it answered "Nothing ran (isolation)"). */
+static void no_floor(berth_options *o)
+{
+  o->minimum_isolation = NULL;
+}
+
+static void test_default_floor_is_container_over_loopback_http(void **state)
+{
+  (void)state;
+  rec *r = start(tool_script, NULL, true, no_floor);
+  berth_conv_options co = {NULL, NULL, NULL, NULL};
+  berth_conv *c = NULL;
+  assert_null(berth_conv_open(r->t.host, &co, &c));
+  message(c, "compute");
+  assert_true(wait_for(r, "turn_end", 1, WAIT));
+  const json_t *out = json_object_get(nth(r, "tool_result", NULL, 0), "result");
+  assert_non_null(out);
+  assert_string_equal(json_string_value(json_object_get(out, "stdout")), "python 1: x = 41");
+  assert_string_equal(json_string_value(json_object_get(out, "isolation")), "container");
+  finish(r);
+}
+
 static void test_hook_error_is_an_error_event(void **state)
 {
   (void)state;
@@ -660,6 +685,7 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_events_in_order_for_a_tool_call),
+    cmocka_unit_test(test_default_floor_is_container_over_loopback_http),
     cmocka_unit_test(test_hook_error_is_an_error_event),
     cmocka_unit_test(test_errors_are_values),
     cmocka_unit_test(test_turn_slots_first_come_first_served),

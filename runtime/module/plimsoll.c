@@ -11,10 +11,13 @@
  *
  * Same values as the host's natives (plmlua.h): a result table, or nil, message, code.
  * Without runId a call runs fresh.  new() without url reads PLIMSOLL_URL and
- * PLIMSOLL_TOKEN.
+ * PLIMSOLL_TOKEN.  Options: new{url, token, minimumIsolation (default: container for
+ * http on loopback, kernel for https), timeoutMs, idleCloseMs}; executeCode{code,
+ * language, files, runId, userId, timeoutMs}.  An unknown key raises.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <ev.h>
 #include <lauxlib.h>
@@ -102,9 +105,18 @@ static int sb_execute(lua_State *L)
   return 1;
 }
 
+/* warm and dispose take (runId [, userId]) and nothing else. */
+static void check_no_more(lua_State *L, int first, const char *what)
+{
+  if (!lua_isnoneornil(L, first))
+    luaL_error(L, "%s takes (runId [, userId]); argument #%d is one too many", what,
+               first - 1);
+}
+
 static int sb_warm(lua_State *L)
 {
   sandboxes *s = check_open(L);
+  check_no_more(L, 4, "warm");
   plm_key key = {luaL_optstring(L, 3, NULL), luaL_checkstring(L, 2)};
   plm_error *e = plm_sandboxes_warm(s->sb, &key);
   if (e) {
@@ -119,6 +131,7 @@ static int sb_warm(lua_State *L)
 static int sb_dispose(lua_State *L)
 {
   sandboxes *s = check_open(L);
+  check_no_more(L, 4, "dispose");
   plm_key key = {luaL_optstring(L, 3, NULL), luaL_checkstring(L, 2)};
   bool done = false;
   plm_error *e = plm_sandboxes_dispose(s->sb, &key, on_done, &done);
@@ -190,6 +203,14 @@ static int sb_tostring(lua_State *L)
   return 1;
 }
 
+/* The floor without minimumIsolation, the rule berth's faces and berth_options follow
+ * (berth_default_floor): "container" for a daemon over cleartext http, which the
+ * client allows only to loopback (a daemon on this machine), else "kernel". */
+static const char *default_floor(const char *url)
+{
+  return strncasecmp(url, "http://", 7) == 0 ? "container" : "kernel";
+}
+
 static int m_new(lua_State *L)
 {
   if (lua_isnoneornil(L, 1)) {
@@ -198,6 +219,10 @@ static int m_new(lua_State *L)
   }
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
+  static const char *const keys[] = {
+    "url", "token", "minimumIsolation", "timeoutMs", "idleCloseMs", NULL
+  };
+  plmlua_check_keys(L, 1, "plimsoll.new", keys);
   const char *url = opt_field(L, 1, "url");
   const char *token = opt_field(L, 1, "token");
   if (!url) {
@@ -225,14 +250,12 @@ static int m_new(lua_State *L)
     plm_sandboxes_options_init(&so);
     so.client = client;
     const char *floor = opt_field(L, 1, "minimumIsolation");
-    if (floor)
-      so.minimum_isolation = floor;
-    lua_getfield(L, 1, "timeoutMs");
-    so.timeout_ms = (int64_t)luaL_optinteger(L, -1, 0);
+    so.minimum_isolation = floor ? floor : default_floor(url);
+    so.timeout_ms = plmlua_opt_ms(L, 1, "plimsoll.new", "timeoutMs");
     lua_getfield(L, 1, "idleCloseMs");
     if (!lua_isnil(L, -1))
       so.idle_close_ms = (int64_t)luaL_checkinteger(L, -1);
-    lua_pop(L, 2);
+    lua_pop(L, 1);
     e = plm_sandboxes_new(&so, &sb);
   }
   if (e) {
