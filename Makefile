@@ -10,18 +10,23 @@ WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter \
 ifdef CI
 WARN     += -Werror
 endif
-CPPFLAGS += -D_GNU_SOURCE -Ilib
+PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
+CPPFLAGS += -D_GNU_SOURCE -Ilib $(PQ_CFLAGS)
 CFLAGS   += -std=c11 $(OPT) $(WARN) -fPIC
 LIBDEPS   = libcurl jansson openssl
 PKGLIBS   = $(shell pkg-config --libs $(LIBDEPS) 2>/dev/null)
-LDLIBS   += $(PKGLIBS) -lev -lm
+LDLIBS   += $(PKGLIBS) -lsqlite3 -lpq -lev -lm
 MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 
-# Debian 12 packages the project needs to build, test and demo.
+# Debian 12 packages the project needs to build, test and demo.  Debian's npm is added
+# only where no npm is on the PATH (a Node.js from elsewhere ships its own and conflicts
+# with Debian's npm package).
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
-        lua-busted lua-check gnuplot-nox
+        lua-busted lua-check gnuplot-nox \
+        python3-numpy python3-scipy python3-pandas python3-matplotlib libsqlite3-dev sqlite3 \
+        libpq-dev postgresql chromium libreadline-dev tmux haproxy
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -35,7 +40,9 @@ TEST_SH  := $(sort $(wildcard tests/test_*.sh))
 # runtime/: the berth host.  main.c is the CLI; the rest is libberth (embeddable).
 LUA_CFLAGS = $(shell pkg-config --cflags lua5.4 2>/dev/null)
 LUA_LIBS   = $(shell pkg-config --libs lua5.4 2>/dev/null)
-RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c)))
+# GNU readline: the line editing of `berth chat` (runtime/cli.c, linked only into berth).
+RL_LIBS    = -lreadline
+RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c runtime/store/*.c)))
 RT_OBJ   := $(RT_SRC:%.c=$(BUILD)/obj/%.o)
 MOD_SRC  := $(sort $(wildcard runtime/module/*.c))
 MOD_OBJ  := $(MOD_SRC:%.c=$(BUILD)/obj/%.o)
@@ -55,14 +62,17 @@ all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/p
 
 deps:
 	@missing=$$(for p in $(DEPS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing:" $$missing; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || \
 	    { echo "make deps: apt-get failed for:" $$missing >&2; exit 1; }; \
 	fi
+	@# the browser test's driver (puppeteer-core: it never downloads a browser)
+	@[ -d tests/browser/node_modules ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 
-$(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h)
+$(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h runtime/store/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -c $< -o $@
 
@@ -70,13 +80,18 @@ $(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h)
 sandboxd/kernels.c: sandboxd/kernels/kernel.py sandboxd/kernels/kernel.js sandboxd/kernels/embed.py
 	python3 sandboxd/kernels/embed.py
 
+# The page of berth serve likewise: runtime/web/*.{html,js,css} as C strings.
+runtime/web/assets.c: runtime/web/index.html runtime/web/app.js runtime/web/style.css runtime/web/embed.py
+	python3 runtime/web/embed.py
+$(BUILD)/obj/runtime/web.o: runtime/web/assets.c
+
 $(BUILD)/libberth.a: $(RT_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
 # -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
 $(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
-	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) $(RL_LIBS)
 
 $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
@@ -103,7 +118,7 @@ $(BUILD)/plimsoll.pc: lib/plimsoll.pc.in $(PC_STALE)
 $(BUILD)/sandboxd: $(SBX_OBJ) $(BUILD)/libplimsoll.a
 	$(CC) $(LDFLAGS) -o $@ $(SBX_OBJ) $(BUILD)/libplimsoll.a $(MHDLIBS) $(LDLIBS) -lseccomp
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h runtime/*.h) $(if $(RT_SRC),$(BUILD)/libberth.a)
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h runtime/*.h runtime/store/*.h) $(if $(RT_SRC),$(BUILD)/libberth.a)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) -lcmocka
 
@@ -155,14 +170,14 @@ FUZZ_SRCS_fuzz_scripted := $(RT_SRC)
 FUZZ_SRCS_fuzz_serve := $(RT_SRC)
 FUZZ_CFLAGS_fuzz_scripted = $(LUA_CFLAGS) -Iruntime
 FUZZ_CFLAGS_fuzz_serve = $(LUA_CFLAGS) -Iruntime
-FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS)
-FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS)
+FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(RL_LIBS)
+FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(RL_LIBS)
 build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/*.h)
 build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(wildcard runtime/*.h)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib $(FUZZ_CFLAGS_$*) \
-	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lev -lm
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib $(PQ_CFLAGS) $(FUZZ_CFLAGS_$*) \
+	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lsqlite3 -lpq -lev -lm
 
 # Inputs kept in tests/fuzz/regressions/<name> (crashes found before) seed the run too.
 # A crash is copied there, so that once fixed it stays a regression input `make test`

@@ -21,10 +21,12 @@
  */
 #include "runtime.h"
 #include "jsonlua.h"
+#include "store/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #define CTX_MT "berth.ctx"
 
@@ -33,11 +35,25 @@ typedef enum phase { PH_NONE, PH_TURN_START, PH_TURN, PH_SUSPEND, PH_COMPLETE } 
 static const char *const phase_hook[] = {NULL, "onTurnStart", "onTurn", "onSuspend",
                                          "onComplete"};
 
+typedef struct ticket ticket;
+
 typedef struct msg {
   struct msg *next;
   double at;                     /* berth_clock() when it was accepted */
+  bool durable;                  /* stored (or no store): its turn may start */
+  ticket *ticket;                /* waiting for the store to say so */
   char text[];
 } msg;
+
+/* A message's wait for the store's commit; outlives the message and the conversation
+ * (both tell it they are gone), freed by the store's callback. */
+struct ticket {
+  berth_conv *c;                 /* NULL once the conversation is freed */
+  msg *m;                        /* NULL once the message is */
+  void (*stored)(void *ud, berth_conv *c, const berth_error *err);
+  void *ud;
+  uint32_t turn;                 /* the turn its "user" event named */
+};
 
 struct berth_conv {
   berth_host *h;
@@ -52,6 +68,8 @@ struct berth_conv {
   msg *turn;                     /* the message of the turn in progress */
   unsigned turns;                /* turns started */
   unsigned turn_cells, turn_cell_errors;
+  berth_cell_timing cell_timing; /* the last executeCode's (berth_conv_take_cell_timing) */
+  bool has_cell_timing;
   bool turn_failed;
   bool has_slot, waiting_slot;
   berth_conv *slot_next;
@@ -59,7 +77,25 @@ struct berth_conv {
   void (*complete_done)(void *ud, berth_conv *c);
   void *complete_ud;
   ev_timer idle;
+  /* the store's view (h->o.store) */
+  char *sid, *caller;            /* durable id, who may see it */
+  char *metadata;                /* JSON text, as opened */
+  char *state;                   /* ctx.state as JSON text, as last stored */
+  int64_t created_ms;
+  unsigned accepted;             /* messages accepted: the next one's turn is +1 */
+  uint64_t last_event;
+  uint32_t stored_msgs;          /* ctx.messages entries stored ... */
+  const void *stored_tbl;        /* ... of this table (another one: rewrite all) */
+  /* Suspended and stored, its ctx is dropped from the Lua heap (ctx_ref LUA_NOREF)
+   * and loaded again from the store when a hook next needs it: idle conversations
+   * cost the running ones no heap and no collector's time. */
+  bool unloaded;
+  struct unload_wait *unload;    /* waiting for the store to commit the suspend */
 };
+
+typedef struct unload_wait {
+  berth_conv *c;                 /* NULL once the conversation is freed */
+} unload_wait;
 
 static void pump(berth_conv *c);
 
@@ -132,6 +168,8 @@ static void push_ctx_new(lua_State *L, berth_conv *c, const json_t *metadata)
   lua_newtable(L);
   berth_json_setarray(L, -1);
   lua_setfield(L, -2, "messages");
+  lua_newtable(L);
+  lua_setfield(L, -2, "state");
   if (luaL_newmetatable(L, CTX_MT)) {
     static const luaL_Reg methods[] = {{"emit", ctx_emit}, {"say", ctx_say}, {NULL, NULL}};
     luaL_newlib(L, methods);
@@ -184,6 +222,248 @@ static void runid_set(berth_conv *c, bool on)
   lua_setfield(L, -2, c->run_id);
   lua_pop(L, 1);
   c->registered = on;
+}
+
+/* }====================================================== */
+
+/* {====================================================== the store */
+
+static berth_store *store_of(const berth_conv *c) { return c->h->o.store; }
+
+static berth_store_status conv_status(const berth_conv *c)
+{
+  return c->completed ? BERTH_STORE_COMPLETED
+       : c->suspended ? BERTH_STORE_SUSPENDED : BERTH_STORE_OPEN;
+}
+
+/* The turn that runs now or, between turns, the next accepted one: what a host that
+ * dies now leaves unfinished (marked interrupted at the next start). */
+static uint32_t unfinished_turn(const berth_conv *c)
+{
+  if (c->turn)
+    return c->turns;
+  return c->queue ? c->turns + 1 : 0;
+}
+
+/* What the store needs of ctx, run protected (JSON encoding raises on what has no JSON
+ * form): [1] ctx, [2] the conversation.  Pushes the state's text (or nil), then
+ * whether the messages were rewritten, then the new messages' texts as a table. */
+static int encode_ctx(lua_State *L)
+{
+  berth_conv *c = lua_touserdata(L, 2);
+  lua_getfield(L, 1, "state");
+  if (lua_isnil(L, -1))
+    lua_pushnil(L);
+  else
+    berth_json_encode(L, -1, 0);
+  lua_getfield(L, 1, "messages");
+  int msgs = lua_gettop(L);
+  lua_Integer n = lua_istable(L, msgs) ? luaL_len(L, msgs) : 0;
+  bool rewrite = !lua_istable(L, msgs) || lua_topointer(L, msgs) != c->stored_tbl ||
+                 n < (lua_Integer)c->stored_msgs;
+  lua_pushboolean(L, rewrite);
+  lua_createtable(L, (int)(n > 0 ? n : 0), 0);
+  for (lua_Integer i = rewrite ? 1 : (lua_Integer)c->stored_msgs + 1, k = 1; i <= n; i++) {
+    lua_geti(L, msgs, i);
+    berth_json_encode(L, -1, 0);
+    lua_rawseti(L, -3, k++);
+    lua_pop(L, 1);
+  }
+  return 4;
+}
+
+/* Writes the conversation's record (and, with `ctx`, its new messages and state) to the
+ * store's queue: the next flush commits it with the rest of this loop iteration. */
+static bool store_save(berth_conv *c, bool ctx)
+{
+  berth_store *st = store_of(c);
+  if (!st)
+    return false;
+  if (c->unloaded)
+    ctx = false;                /* the store holds it as it is */
+  berth_host *h = c->h;
+  lua_State *L = h->L;
+  berth_store_conv r = {0};
+  r.id = c->sid;
+  r.caller = c->caller;
+  r.owner = c->user_id;
+  r.run_id = c->run_id;
+  r.metadata = c->metadata;
+  r.status = conv_status(c);
+  r.created_ms = c->created_ms;
+  r.updated_ms = berth_store_now_ms();
+  r.turns = c->turns;
+  r.running_turn = unfinished_turn(c);
+  r.last_event = c->last_event;
+  char *state = NULL;
+  if (ctx) {
+    lua_pushcfunction(L, encode_ctx);
+    berth_conv_push_ctx(L, c);
+    lua_pushlightuserdata(L, c);
+    if (lua_pcall(L, 2, 4, 0) != LUA_OK) {
+      berth_log(h, BERTH_LOG_WARN, "conversation %s: ctx.messages or ctx.state has no JSON "
+                "form, not stored this time: %s", c->run_id, lua_tostring(L, -1));
+      lua_pop(L, 1);
+      ctx = false;
+    } else {
+      state = lua_isstring(L, -4) ? strdup(lua_tostring(L, -4)) : NULL;
+      bool rewrite = lua_toboolean(L, -2);
+      size_t n = (size_t)luaL_len(L, -1);
+      const char **texts = calloc(n ? n : 1, sizeof *texts);
+      for (size_t i = 0; i < n; i++) {
+        lua_rawgeti(L, -1, (lua_Integer)i + 1);
+        texts[i] = lua_tostring(L, -1);
+        lua_pop(L, 1);           /* (still anchored by the table) */
+      }
+      if (n || rewrite)
+        berth_store_put_messages(st, c->sid, rewrite ? 0 : c->stored_msgs, texts, n, rewrite);
+      c->stored_msgs = (rewrite ? 0 : c->stored_msgs) + (uint32_t)n;
+      free(texts);
+      lua_pop(L, 4);
+      berth_conv_push_ctx(L, c);
+      lua_getfield(L, -1, "messages");
+      c->stored_tbl = lua_topointer(L, -1);
+      lua_pop(L, 2);
+    }
+  }
+  if (ctx) {
+    free(c->state);
+    c->state = state;
+  }
+  r.n_messages = c->stored_msgs;
+  r.state = c->state;            /* without ctx: as stored last time */
+  berth_store_put_conv(st, &r);
+  return ctx;
+}
+
+uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data)
+{
+  uint64_t seq = ++c->last_event;
+  berth_store *st = store_of(c);
+  if (st) {
+    char *text = data ? json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    berth_store_put_event(st, c->sid, seq, c->turn ? c->turns : c->accepted, kind,
+                          text ? text : "null");
+    free(text);
+  }
+  return seq;
+}
+
+const char *berth_conv_store_id(const berth_conv *c) { return c->sid ? c->sid : c->run_id; }
+
+static void on_message_stored(void *ud, const berth_error *err)
+{
+  ticket *t = ud;
+  berth_conv *c = t->c;
+  if (t->m) {
+    t->m->ticket = NULL;
+    if (!err)
+      t->m->durable = true;
+    else if (c) {
+      /* not stored: take it out before it runs (a queued message has not started).
+       * Its writes stay queued in the store and may yet be applied: its turn is
+       * ended there too, so that no reader takes the message for one that ran. */
+      char data[160];
+      snprintf(data, sizeof data, "{\"code\":\"unavailable\",\"message\":\"the message "
+                                  "could not be stored, so it was not taken\"}");
+      berth_store_put_event(store_of(c), c->sid, ++c->last_event, t->turn, "error", data);
+      snprintf(data, sizeof data, "{\"turn\":%u,\"ok\":false,\"refused\":true}", t->turn);
+      berth_store_put_event(store_of(c), c->sid, ++c->last_event, t->turn, "turn_end", data);
+      msg **pp = &c->queue;
+      c->queue_tail = NULL;
+      while (*pp) {
+        if (*pp == t->m) {
+          *pp = t->m->next;
+          c->h->queued--;
+          c->accepted--;
+          free(t->m);
+        } else {
+          c->queue_tail = *pp;
+          pp = &(*pp)->next;
+        }
+      }
+      store_save(c, false);
+    }
+  }
+  if (t->stored)
+    t->stored(t->ud, c, err);
+  free(t);
+  if (c && !err)
+    pump(c);
+}
+
+/* }====================================================== */
+
+/* {====================================================== idle ctx outside the heap */
+
+static void on_suspend_stored(void *ud, const berth_error *err)
+{
+  unload_wait *u = ud;
+  berth_conv *c = u->c;
+  if (c) {
+    c->unload = NULL;
+    if (!err && c->suspended && !c->task && !c->turn && !c->queue && !c->completing &&
+        !c->unloaded) {
+      luaL_unref(c->h->L, LUA_REGISTRYINDEX, c->ctx_ref);
+      c->ctx_ref = LUA_NOREF;
+      c->stored_tbl = NULL;
+      c->unloaded = true;
+    }
+  }
+  free(u);
+}
+
+/* Once the suspend's writes (its ctx among them) are committed, the ctx is dropped. */
+static void unload_when_stored(berth_conv *c)
+{
+  if (c->unload || c->unloaded)
+    return;
+  unload_wait *u = calloc(1, sizeof *u);
+  u->c = c;
+  c->unload = u;
+  berth_store_sync(store_of(c), on_suspend_stored, u);
+}
+
+static int load_ctx(lua_State *L);
+
+/* Builds the ctx of an unloaded conversation again from the store: its messages, and
+ * its state as last stored (kept in C).  NULL, or why it could not. */
+static berth_error *ctx_reload(berth_conv *c)
+{
+  berth_host *h = c->h;
+  lua_State *L = h->L;
+  char **texts = NULL;
+  size_t n = 0;
+  berth_error *e = berth_store_load_messages(store_of(c), c->sid, &texts, &n);
+  if (e)
+    return e;
+  json_t *meta = c->metadata ? json_loads(c->metadata, 0, NULL) : NULL;
+  push_ctx_new(L, c, json_is_object(meta) ? meta : NULL);
+  json_decref(meta);
+  int ctx = lua_gettop(L);
+  lua_pushcfunction(L, load_ctx);
+  lua_pushvalue(L, ctx);
+  lua_pushlightuserdata(L, texts);
+  lua_pushinteger(L, (lua_Integer)n);
+  if (c->state)
+    lua_pushstring(L, c->state);
+  else
+    lua_pushnil(L);
+  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+    e = berth_error_new("data_loss", "the stored conversation %s cannot be loaded: %s",
+                        c->run_id, lua_tostring(L, -1));
+    lua_pop(L, 2);
+    berth_store_texts_free(texts, n);
+    return e;
+  }
+  berth_store_texts_free(texts, n);
+  lua_getfield(L, ctx, "messages");
+  c->stored_tbl = lua_topointer(L, -1);
+  lua_pop(L, 1);
+  c->stored_msgs = (uint32_t)n;
+  c->ctx_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  c->unloaded = false;
+  return NULL;
 }
 
 /* }====================================================== */
@@ -279,6 +559,7 @@ static void begin_turn(berth_conv *c)
   json_t *text = json_string(c->turn->text);
   berth_emit(h, c, "user", text);
   json_decref(text);
+  store_save(c, false);
 }
 
 static void end_turn(berth_conv *c, bool cancelled)
@@ -286,8 +567,11 @@ static void end_turn(berth_conv *c, bool cancelled)
   berth_host *h = c->h;
   berth_turn_info info = {c->turns, !c->turn_failed && !cancelled,
                           berth_clock() - c->turn->at, c->turn_cells, c->turn_cell_errors};
+  if (c->turn->ticket)
+    c->turn->ticket->m = NULL;   /* (a message ended unstored by a shutdown) */
   free(c->turn);
   c->turn = NULL;
+  store_save(c, true);
   h->st.turns_ended++;
   if (!info.ok)
     h->st.turns_failed++;
@@ -365,11 +649,14 @@ static void after_hook(void *ud, berth_task *t, bool ok, const char *error)
       break;
     case PH_SUSPEND:
       c->suspended = true;
+      if (store_save(c, true) && !h->draining)
+        unload_when_stored(c);
       berth_emit(h, c, "suspend", NULL);
       break;
     case PH_COMPLETE:
       c->completed = true;
       h->st.completed++;
+      store_save(c, true);
       berth_emit(h, c, "complete", NULL);
       if (c->complete_done)
         c->complete_done(c->complete_ud, c);  /* c may be freed by now */
@@ -390,6 +677,12 @@ static int no_hook(lua_State *L)
   return 0;
 }
 
+/* The hook call of a conversation whose ctx could not be loaded: fails with why. */
+static int unloadable(lua_State *L)
+{
+  return luaL_error(L, "%s", lua_tostring(L, lua_upvalueindex(1)));
+}
+
 /* Starts hook `ph` with ctx.  A hook the script does not define runs as a no-op task,
  * still through the loop like a real one, so callers never re-enter. */
 static void start_hook(berth_conv *c, phase ph)
@@ -397,6 +690,19 @@ static void start_hook(berth_conv *c, phase ph)
   berth_host *h = c->h;
   lua_State *L = h->L;
   c->phase = ph;
+  if (c->unloaded) {
+    berth_error *e = ctx_reload(c);
+    if (e) {
+      /* the hook is not run: its call fails with the reason (the turn fails, the
+       * conversation stays as stored, to be loaded at its next message) */
+      lua_pushstring(L, e->message);
+      lua_pushcclosure(L, unloadable, 1);
+      lua_newtable(L);
+      berth_error_free(e);
+      c->task = berth_task_start(h, c, phase_hook[ph], 1, after_hook, c);
+      return;
+    }
+  }
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->hooks_ref);
   if (lua_istable(L, -1))
     lua_getfield(L, -1, phase_hook[ph]);
@@ -420,6 +726,8 @@ static void pump(berth_conv *c)
   ev_timer_stop(h->loop, &c->idle);
   if (c->queue && h->draining)
     drop_queue(c);
+  if (c->queue && !c->queue->durable)
+    return;                     /* woken by on_message_stored */
   if (c->queue) {
     if (!take_slot(c))
       return;                   /* woken by wake_waiters */
@@ -503,11 +811,13 @@ void berth_conv_cancel_all(berth_host *h)
         break;
       case PH_SUSPEND:
         c->suspended = true;
+        store_save(c, true);
         berth_emit(h, c, "suspend", NULL);
         break;
       case PH_COMPLETE:
         c->completed = true;
         h->st.completed++;
+        store_save(c, true);
         berth_emit(h, c, "complete", NULL);
         if (c->complete_done)
           c->complete_done(c->complete_ud, c);  /* may free c (only c) */
@@ -530,6 +840,9 @@ static berth_conv *conv_create(berth_host *h, const char *run_id, const char *us
   c->run_id = strdup(run_id);
   c->user_id = user_id ? strdup(user_id) : NULL;
   c->ud = ud;
+  c->created_ms = berth_store_now_ms();
+  if (metadata)
+    c->metadata = json_dumps(metadata, JSON_COMPACT);
   push_ctx_new(h->L, c, metadata);
   c->ctx_ref = luaL_ref(h->L, LUA_REGISTRYINDEX);
   ev_timer_init(&c->idle, on_idle, 0., 0.);
@@ -545,10 +858,110 @@ static berth_conv *conv_create(berth_host *h, const char *run_id, const char *us
   return c;
 }
 
+/* ctx.messages and ctx.state from stored JSON texts, run protected: [1] ctx, [2] the
+ * texts (light userdata: char **), [3] their count, [4] the state text or nil. */
+static int load_ctx(lua_State *L)
+{
+  char **texts = lua_touserdata(L, 2);
+  lua_Integer n = lua_tointeger(L, 3);
+  lua_getfield(L, 1, "messages");
+  for (lua_Integer i = 0; i < n; i++) {
+    json_error_t je;
+    json_t *v = json_loads(texts[i], JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!v)
+      return luaL_error(L, "stored message %d is not JSON: %s", (int)i, je.text);
+    berth_json_push(L, v);
+    json_decref(v);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_pop(L, 1);
+  if (lua_isstring(L, 4)) {
+    json_error_t je;
+    json_t *v = json_loads(lua_tostring(L, 4), JSON_DECODE_ANY, &je);
+    if (!v)
+      return luaL_error(L, "the stored state is not JSON: %s", je.text);
+    berth_json_push(L, v);
+    json_decref(v);
+    lua_setfield(L, 1, "state");
+  }
+  return 0;
+}
+
+/* A stored conversation comes back as after an idle suspend: its history and state,
+ * no sandbox (the first cell of its next turn reports freshSandbox). */
+static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
+                                const berth_conv_options *o, berth_conv **out)
+{
+  if (strcmp(rec->caller ? rec->caller : "", o->caller ? o->caller : ""))
+    return berth_error_new("exists", "a conversation with this id belongs to another "
+                                     "caller");
+  if (rec->status == BERTH_STORE_COMPLETED)
+    return berth_error_new("completed", "the conversation %s was completed", rec->run_id);
+  if (runid_taken(h, rec->run_id))
+    return berth_error_new("exists", "a conversation with run id %s is open already",
+                           rec->run_id);
+  char **texts = NULL;
+  size_t n = 0;
+  berth_error *e = berth_store_load_messages(h->o.store, rec->id, &texts, &n);
+  if (e)
+    return e;
+  /* Events may have been stored after the record was last written (a turn the host
+   * died in): number on from the last one stored. */
+  uint64_t last = rec->last_event;
+  berth_store_event *ev = NULL;
+  size_t nev = 0;
+  e = berth_store_read_events(h->o.store, rec->id, last, 0, &ev, &nev);
+  if (e) {
+    berth_store_texts_free(texts, n);
+    return e;
+  }
+  if (nev)
+    last = ev[nev - 1].seq;
+  berth_store_events_free(ev, nev);
+  json_t *meta = rec->metadata ? json_loads(rec->metadata, 0, NULL) : NULL;
+  berth_conv *c = conv_create(h, rec->run_id, rec->owner, json_is_object(meta) ? meta : NULL,
+                              o->ud);
+  json_decref(meta);
+  c->sid = strdup(rec->id);
+  c->caller = strdup(rec->caller ? rec->caller : "");
+  c->created_ms = rec->created_ms;
+  c->turns = c->accepted = rec->turns;
+  c->last_event = last;
+  c->suspended = true;
+  lua_State *L = h->L;
+  lua_pushcfunction(L, load_ctx);
+  berth_conv_push_ctx(L, c);
+  lua_pushlightuserdata(L, texts);
+  lua_pushinteger(L, (lua_Integer)n);
+  if (rec->state)
+    lua_pushstring(L, rec->state);
+  else
+    lua_pushnil(L);
+  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+    e = berth_error_new("data_loss", "the stored conversation %s cannot be loaded: %s",
+                        rec->run_id, lua_tostring(L, -1));
+    lua_pop(L, 1);
+    berth_store_texts_free(texts, n);
+    berth_conv_free(c);
+    return e;
+  }
+  berth_store_texts_free(texts, n);
+  c->stored_msgs = (uint32_t)n;
+  c->state = rec->state ? strdup(rec->state) : NULL;
+  berth_conv_push_ctx(L, c);
+  lua_getfield(L, -1, "messages");
+  c->stored_tbl = lua_topointer(L, -1);
+  lua_pop(L, 2);
+  berth_log(h, BERTH_LOG_DEBUG, "conversation %s resumed from the store (%zu messages, %u "
+            "turns)", c->run_id, n, c->turns);
+  *out = c;
+  return NULL;
+}
+
 berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_conv **out)
 {
   *out = NULL;
-  berth_conv_options none = {NULL, NULL, NULL, NULL};
+  berth_conv_options none = {NULL, NULL, NULL, NULL, NULL, NULL};
   if (!o)
     o = &none;
   if (h->draining)
@@ -564,6 +977,21 @@ berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_c
   if (o->metadata && !json_is_object(o->metadata))
     return berth_error_new("invalid_argument", "a conversation's metadata must be a JSON "
                                                "object");
+  if (h->o.store) {
+    const char *key = o->store_id ? o->store_id : o->run_id;
+    if (key) {
+      berth_store_conv rec;
+      bool found = false;
+      berth_error *e = berth_store_get_conv(h->o.store, key, &rec, &found);
+      if (e)
+        return e;
+      if (found) {
+        e = conv_resume(h, &rec, o, out);
+        berth_store_conv_clear(&rec);
+        return e;
+      }
+    }
+  }
   char gen[32];
   const char *run_id = o->run_id;
   if (run_id) {
@@ -580,7 +1008,25 @@ berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_c
   }
   if (o->user_id && (!*o->user_id || strlen(o->user_id) > 256))
     return berth_error_new("invalid_argument", "a user id must have 1 to 256 bytes");
-  *out = conv_create(h, run_id, o->user_id, o->metadata, o->ud);
+  if (h->o.store && !o->run_id) {
+    /* Generated run ids must not meet those of stored conversations (a run id is a
+     * sandbox key): random, not counted from 1 again after a restart. */
+    unsigned char r[6];
+    do {
+      if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        return berth_error_new("unavailable", "no random bytes for a run id");
+      snprintf(gen, sizeof gen, "conv-%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3],
+               r[4], r[5]);
+    } while (runid_taken(h, gen));
+    run_id = gen;
+  }
+  berth_conv *c = conv_create(h, run_id, o->user_id, o->metadata, o->ud);
+  if (h->o.store) {
+    c->sid = strdup(o->store_id ? o->store_id : run_id);
+    c->caller = strdup(o->caller ? o->caller : "");
+    store_save(c, true);
+  }
+  *out = c;
   return NULL;
 }
 
@@ -591,7 +1037,33 @@ berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_i
   return conv_create(h, run_id, user_id, NULL, NULL);
 }
 
+static berth_error *conv_message(berth_conv *c, const char *message,
+                                 void (*stored)(void *ud, berth_conv *c,
+                                                const berth_error *err),
+                                 void *ud, bool *sync_stored);
+
 berth_error *berth_conv_message(berth_conv *c, const char *message)
+{
+  bool sync = false;
+  return conv_message(c, message, NULL, NULL, &sync);
+}
+
+berth_error *berth_conv_message_durable(berth_conv *c, const char *message,
+                                        void (*stored)(void *ud, berth_conv *c,
+                                                       const berth_error *err),
+                                        void *ud)
+{
+  bool sync = false;
+  berth_error *e = conv_message(c, message, stored, ud, &sync);
+  if (!e && sync && stored)
+    stored(ud, c, NULL);
+  return e;
+}
+
+static berth_error *conv_message(berth_conv *c, const char *message,
+                                 void (*stored)(void *ud, berth_conv *c,
+                                                const berth_error *err),
+                                 void *ud, bool *sync_stored)
 {
   berth_host *h = c->h;
   if (!message)
@@ -612,6 +1084,8 @@ berth_error *berth_conv_message(berth_conv *c, const char *message)
   msg *m = malloc(sizeof *m + n + 1);
   m->next = NULL;
   m->at = berth_clock();
+  m->durable = true;
+  m->ticket = NULL;
   memcpy(m->text, message, n + 1);
   if (c->queue_tail)
     c->queue_tail->next = m;
@@ -619,6 +1093,27 @@ berth_error *berth_conv_message(berth_conv *c, const char *message)
     c->queue = m;
   c->queue_tail = m;
   h->queued++;
+  c->accepted++;
+  berth_store *st = store_of(c);
+  if (st) {
+    /* The message is durable before its turn starts (and before the face tells its
+     * sender it was taken): the "user" event, the record naming its turn as the one
+     * left unfinished should the host die, then a sync. */
+    m->durable = false;
+    json_t *data = json_pack("{s:s}", "text", message);
+    berth_conv_record_event(c, "user", data);
+    json_decref(data);
+    store_save(c, false);
+    ticket *t = calloc(1, sizeof *t);
+    t->c = c;
+    t->m = m;
+    t->stored = stored;
+    t->ud = ud;
+    t->turn = c->accepted;
+    m->ticket = t;
+    berth_store_sync(st, on_message_stored, t);
+  } else
+    *sync_stored = true;
   pump(c);
   return NULL;
 }
@@ -638,6 +1133,22 @@ void berth_conv_suspend(berth_conv *c)
   pump(c);
 }
 
+bool berth_conv_cancel_turn(berth_conv *c, const char *why)
+{
+  if (!c->task || (c->phase != PH_TURN_START && c->phase != PH_TURN))
+    return false;
+  phase ph = c->phase;
+  berth_task *t = c->task;
+  c->task = NULL;
+  c->phase = PH_NONE;
+  berth_task_kill(t);           /* its calls are cancelled (their ops orphaned) */
+  host_error(c, phase_hook[ph], "cancelled", why ? why : "the turn was cancelled");
+  c->turn_failed = true;
+  end_turn(c, true);
+  pump(c);
+  return true;
+}
+
 void berth_conv_complete(berth_conv *c, void (*done)(void *ud, berth_conv *c), void *ud)
 {
   c->completing = true;
@@ -653,6 +1164,21 @@ void berth_conv_cell_done(berth_conv *c, bool ok)
   c->turn_cells++;
   if (!ok)
     c->turn_cell_errors++;
+}
+
+void berth_conv_set_cell_timing(berth_conv *c, const berth_cell_timing *t)
+{
+  c->cell_timing = *t;
+  c->has_cell_timing = true;
+}
+
+bool berth_conv_take_cell_timing(berth_conv *c, berth_cell_timing *out)
+{
+  if (!c->has_cell_timing)
+    return false;
+  *out = c->cell_timing;
+  c->has_cell_timing = false;
+  return true;
 }
 
 bool berth_conv_busy(const berth_conv *c) { return c->task != NULL || c->queue != NULL; }
@@ -685,6 +1211,8 @@ void berth_conv_free(berth_conv *c)
   unwait_slot(c);
   if (c->registered)
     runid_set(c, false);
+  if (c->unload)
+    c->unload->c = NULL;
   luaL_unref(h->L, LUA_REGISTRYINDEX, c->ctx_ref);
   if (c->prev)
     c->prev->next = c->next;
@@ -697,12 +1225,24 @@ void berth_conv_free(berth_conv *c)
     msg *m = c->queue;
     c->queue = m->next;
     h->queued--;
+    if (m->ticket) {
+      m->ticket->m = NULL;
+      m->ticket->c = NULL;
+    }
     free(m);
+  }
+  if (c->turn && c->turn->ticket) {
+    c->turn->ticket->m = NULL;
+    c->turn->ticket->c = NULL;
   }
   free(c->turn);
   free(c->run_id);
   free(c->user_id);
   free(c->warmed);
+  free(c->sid);
+  free(c->caller);
+  free(c->metadata);
+  free(c->state);
   bool slot = c->has_slot;
   c->has_slot = false;
   free(c);

@@ -52,6 +52,7 @@ struct lua_State;
 typedef struct berth_host berth_host;
 typedef struct berth_conv berth_conv;
 typedef struct berth_model berth_model;     /* model.h */
+typedef struct berth_store berth_store;     /* store/store.h */
 
 /* ---------------------------------------------------------------- errors */
 
@@ -153,7 +154,10 @@ typedef struct berth_options {
   /* The plimsoll daemon.  A NULL url leaves the sandbox natives answering
    * "Nothing ran (environment): …". */
   const char *daemon_url, *daemon_token;
-  const char *minimum_isolation; /* the floor (default "kernel") */
+  /* The floor.  NULL: "container" for a daemon over cleartext http (which the client
+   * allows only to loopback: a daemon on this machine), else "kernel" (https) — the
+   * rule of the berth command and of the stock-Lua module too. */
+  const char *minimum_isolation;
   int64_t timeout_ms;            /* per executeCode call; <= 0: the daemon's default */
   berth_model *model;            /* borrowed; NULL: model.chat answers nil, msg */
   berth_event_fn on_event;       /* every event, as JSON (may be NULL) */
@@ -176,6 +180,12 @@ typedef struct berth_options {
   /* berth_host_shutdown lets running turns finish for this long, then cancels them
    * (seconds; 0 = the default, 10; < 0 = cancel at once). */
   double shutdown_grace;
+  /* Where conversations are kept (berth_store_open: "memory", "sqlite:PATH"); borrowed,
+   * free it after the host.  NULL: nowhere (they live as long as the host).  With a
+   * store, every conversation's record, message history (ctx.messages), hook state
+   * (ctx.state) and events are written to it, and berth_conv_open with the id of a
+   * stored conversation resumes it (history and state loaded, a fresh sandbox). */
+  berth_store *store;
 } berth_options;
 
 void berth_options_init(berth_options *o);
@@ -262,6 +272,14 @@ typedef struct berth_conv_options {
   /* Data for the hooks (ctx.metadata), a JSON object (borrowed; copied).  NULL: none. */
   const json_t *metadata;
   void *ud;                      /* berth_conv_userdata */
+  /* With a store (berth_options.store): the conversation's durable id (NULL: the run
+   * id) and who may see it (NULL: "").  When the store holds a conversation with this
+   * id, it is resumed as after an idle suspend — run id, owner, metadata, ctx.messages
+   * and ctx.state from the store, a fresh sandbox at its next message — and run_id,
+   * user_id and metadata above are ignored; "completed" if it was completed, "exists"
+   * if another caller's. */
+  const char *store_id;
+  const char *caller;
 } berth_conv_options;
 
 /* Opens a conversation.  Errors: "capacity" (max_conversations), "shutting_down",
@@ -277,8 +295,29 @@ berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_i
 berth_error *berth_conv_message(berth_conv *c, const char *message);
 /* The same; returns -1 on any of those errors. */
 int berth_conv_send(berth_conv *c, const char *message);
+/* berth_conv_message, durable first: with a store, the message is written (event
+ * "user") and its turn starts only once the write committed; `stored` then runs from
+ * the loop with err NULL — or with the store's error, the message dropped unrun.
+ * Without a store `stored` runs before this returns.  Not called when this returns an
+ * error. */
+berth_error *berth_conv_message_durable(berth_conv *c, const char *message,
+                                        void (*stored)(void *ud, berth_conv *c,
+                                                       const berth_error *err),
+                                        void *ud);
+/* Records an event of the conversation's current turn in its store (kind and data
+ * are the face's: "delta", "turn_end", …; data borrowed).  Returns its number (1, 2, …
+ * per conversation, kept across restarts): the SSE `id:`. */
+uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data);
+/* The conversation's durable id (its run id without a store). */
+const char *berth_conv_store_id(const berth_conv *c);
 /* Suspends as if the idle timeout had passed (after the queued turns). */
 void berth_conv_suspend(berth_conv *c);
+/* Cancels the running turn (a person pressed Ctrl-C): its hook call ends where it
+ * waits, its sandbox and model calls are cancelled, an "error" event with code
+ * "cancelled" (message `why`) and the turn's end follow; queued messages go on.
+ * Returns false, changing nothing, when no turn runs (onSuspend and onComplete are
+ * not cancelled).  Not from inside a hook call. */
+bool berth_conv_cancel_turn(berth_conv *c, const char *why);
 /* Completes the conversation after the queued turns: runs onComplete, then `done`
  * (which may free the conversation).  Further messages are refused ("completed"). */
 void berth_conv_complete(berth_conv *c, void (*done)(void *ud, berth_conv *c), void *ud);
@@ -290,6 +329,17 @@ const char *berth_conv_user_id(const berth_conv *c);
 unsigned berth_conv_turns(const berth_conv *c);
 void *berth_conv_userdata(const berth_conv *c);
 void berth_conv_set_userdata(berth_conv *c, void *ud);
+/* Where the conversation's last executeCode spent its time, in milliseconds (0: not
+ * measured): the native from the call to its answer (execute), waiting for the sandbox
+ * before the cell was sent (wait), the cell sent to its answer checked (call), checking
+ * the answer (check: record digest and chain), the daemon's own wall time, the cell's
+ * run in the sandbox included (daemon).  berth serve puts it in its tool events. */
+typedef struct berth_cell_timing {
+  double execute_ms, wait_ms, call_ms, check_ms, daemon_ms;
+} berth_cell_timing;
+/* The timing of the last executeCode answered since the previous take; false when none
+ * was.  Taking it forgets it. */
+bool berth_conv_take_cell_timing(berth_conv *c, berth_cell_timing *out);
 /* Frees the conversation; a hook call it still runs is ended. */
 void berth_conv_free(berth_conv *c);
 
@@ -299,6 +349,15 @@ void berth_conv_free(berth_conv *c);
  * Free it with berth_model_free after the hosts that use it. */
 berth_error *berth_model_open(struct ev_loop *loop, const char *spec, berth_model **out);
 void berth_model_free(berth_model *m);
+
+/* ---------------------------------------------------------------- stores */
+
+/* A store for berth_options.store: "memory", "sqlite:PATH" (runtime/store/store.h has
+ * the rest of its interface).  Created or migrated at open; a store written by a newer
+ * berth is refused (code "version"), a file that is not a berth store too
+ * ("data_loss").  Free it after the hosts that use it. */
+berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store **out);
+void berth_store_free(berth_store *s);
 
 /* ---------------------------------------------------------------- files */
 

@@ -224,6 +224,8 @@ void berth_conv_push_ctx(lua_State *L, berth_conv *c);
 void berth_conv_kill_all(berth_host *h);
 /* An executeCode call of the conversation's running turn answered. */
 void berth_conv_cell_done(berth_conv *c, bool ok);
+/* ... and where its time went (berth_conv_take_cell_timing). */
+void berth_conv_set_cell_timing(berth_conv *c, const berth_cell_timing *t);
 /* Shutdown (host.c drives it): refuse new work, end queued messages, stop idle
  * timers; cancel every running hook call; whether any conversation runs a hook. */
 void berth_conv_drain_all(berth_host *h);

@@ -5,11 +5,13 @@
  *
  *   POST   /v1/conversations                {"userId"?, "metadata"?} → 201 {"id"}
  *   POST   /v1/conversations/{id}/messages  {"content"} → 200 text/event-stream:
- *          delta, message, tool_call, tool_result, error, then turn_end
+ *          delta, message, tool_call, tool_result, error, then turn_end (tool
+ *          events carry `timing`: where the call's time went, runtime/README.md)
  *   GET    /v1/conversations/{id}           → {"id", "turns", "busy", "suspended"}
  *   DELETE /v1/conversations/{id}           completes (onComplete) → 200 when it ran
  *   GET    /healthz                         → {"status": "ok"} (no token needed)
  *   GET    /metrics                         → Prometheus text
+ *   GET    /, /app.js, /style.css           → the page (web.c; no token needed)
  *
  * Callers are the bearer tokens of the token file; each is an owner.  A conversation
  * is visible only to the caller that opened it: to anyone else it does not exist
@@ -31,6 +33,9 @@
 #include "cli.h"
 #include "berth.h"
 #include "plimsoll.h"
+#include "store/store.h"
+#include "web.h"
+#include "../sandboxd/connguard.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -76,13 +81,15 @@ static const char serve_usage[] =
   "  --token-file FILE                callers' bearer tokens, one per line (# comments);\n"
   "                                   each caller sees only its own conversations\n"
   "  --hooks FILE                     the hooks (default: the shipped code_chat.lua)\n"
-  "  --model SPEC                     the model: scripted:FILE (or another adapter)\n"
+  "  --model SPEC                     the model (required without --hooks):\n"
+  "                                   openai[:NAME] or scripted:FILE (see berth(1))\n"
   "  --daemon URL                     a plimsoll daemon, with its token in\n"
   "  --token-file-daemon FILE         (first line)\n"
   "  --sandboxd PATH, --provider NAME start a local sandboxd instead (default\n"
-  "                                   provider $BERTH_PROVIDER, else echo)\n"
-  "                                   (neither: $PLIMSOLL_URL and $PLIMSOLL_TOKEN, else\n"
-  "                                   no daemon: tool calls answer \"Nothing ran\")\n"
+  "                                   provider $BERTH_PROVIDER, else auto: the\n"
+  "                                   strongest passing its smoke test, gvisor then\n"
+  "                                   bwrap; echo runs no code).  Neither: $PLIMSOLL_URL\n"
+  "                                   and $PLIMSOLL_TOKEN, else a local sandboxd\n"
   "  --max-conversations N            open conversations (default 10000)\n"
   "  --max-conversations-per-caller N conversations one caller may hold; 0: no cap\n"
   "                                   (default: half of --max-conversations, rounded\n"
@@ -92,7 +99,18 @@ static const char serve_usage[] =
   "  --max-sandboxes N                sandboxes held; idle ones closed LRU (default:\n"
   "                                   none, or 56 for a local sandboxd)\n"
   "  --max-body-bytes N               largest request body (default 1048576)\n"
+  "  --max-connections N              open client connections (default: half the\n"
+  "                                   descriptor limit, raised to its hard limit, at\n"
+  "                                   most 4096); past it the oldest connection that has\n"
+  "                                   not sent an authenticated request is closed\n"
+  "  --header-timeout SECONDS         a connection that has not sent an authenticated\n"
+  "                                   request this long after it opened is closed (10);\n"
+  "                                   streams in progress are never cut\n"
   "  --idle-timeout SECONDS           idle time before a conversation suspends (30)\n"
+  "  --store URL                      where conversations are kept: sqlite:PATH or\n"
+  "                                   memory (default sqlite:berth.db in --state-dir)\n"
+  "  --state-dir DIR                  the directory of the default store (default: the\n"
+  "                                   working directory)\n"
   "  --shutdown-grace SECONDS         on SIGTERM, time running turns get to finish\n"
   "                                   before they are cancelled (default 10)\n"
   "  --minimum-isolation TIER         the floor (default container for a daemon over\n"
@@ -100,7 +118,8 @@ static const char serve_usage[] =
   "  --verbose, --help, --version\n"
   "\n"
   "SIGTERM or SIGINT: stop accepting, finish (or after the grace cancel) the running\n"
-  "turns, dispose every sandbox, exit 0.  SIGHUP reloads the hooks.\n";
+  "turns, dispose every sandbox, exit 0.  SIGHUP reloads the hooks and reads the\n"
+  "token file again (callers added or removed without a restart).\n";
 
 typedef struct server server;
 typedef struct stream stream;
@@ -110,7 +129,9 @@ typedef struct request request;
 typedef struct caller {
   unsigned char hash[32];
   char label[12];                /* "k" + 8 hex digits of the token's SHA-256 */
+  char digest[65];               /* all of it: the owner of its stored conversations */
   size_t convs;
+  bool revoked;                  /* gone from the token file (SIGHUP): not accepted */
 } caller;
 
 struct stream {
@@ -120,7 +141,9 @@ struct stream {
   bool started, finished, suspended;
   char *buf;
   size_t len, off, cap;
-  stream *next;                  /* the conversation's queue */
+  stream *next;                  /* the conversation's queue, or its followers */
+  request *waiting;              /* the POST waiting for its message to be stored */
+  bool stored;                   /* (stored before berth_conv_message_durable returned) */
 };
 
 struct sconv {
@@ -128,13 +151,16 @@ struct sconv {
   size_t caller;
   berth_conv *conv;
   stream *head, *tail;           /* one per message, in order; head is the turn's */
+  stream *followers;             /* GET …/events following the running turn */
   request *deleting;             /* the DELETE waiting for onComplete */
+  double mark, call_at;          /* ev_time(): the turn's start or last tool result; the
+                                    tool call (the timing of tool events) */
   sconv *hnext;
   server *s;
 };
 
 typedef enum route {
-  R_NONE, R_HEALTH, R_METRICS, R_CONVS, R_CONV, R_MESSAGES
+  R_NONE, R_HEALTH, R_METRICS, R_CONVS, R_CONV, R_MESSAGES, R_EVENTS
 } route;
 
 struct request {
@@ -143,7 +169,7 @@ struct request {
   route route;
   char id[ID_LEN + 1];
   size_t caller;
-  bool dispatched, suspended, too_large, is_delete;
+  bool dispatched, suspended, too_large, is_delete, is_get;
   bool answered;                 /* a response is queued: the rest is discarded */
   sconv *deleting;               /* the conversation this DELETE waits for */
   char *body;
@@ -161,13 +187,16 @@ typedef struct status_count {
 struct server {
   struct ev_loop *loop;
   berth_host *h;
+  berth_store *store;            /* conversations outlive the process (store.h) */
   berth_model *model;
   struct MHD_Daemon *mhd;
+  connguard *guard;              /* idle and surplus connections (connguard.h) */
   int listen_fd;
   ev_io io;
   ev_timer timer, kick, flush;
   ev_prepare prepare;
-  ev_signal sigterm, sigint;
+  ev_signal sigterm, sigint, sighup;
+  const char *token_file;        /* read again on SIGHUP */
   caller *callers;
   size_t n_callers;
   sconv **table;
@@ -444,23 +473,18 @@ static void stream_wake(stream *st)
   }
 }
 
-static void stream_write(stream *st, const char *event, json_t *data)
+/* One event, `id:` its number in the conversation (Last-Event-ID resumes after it). */
+static void stream_put(stream *st, uint64_t seq, const char *event, const char *text)
 {
-  if (st->finished || !st->conn) {  /* (a client gone: the turn goes on unwatched) */
-    json_decref(data);
+  if (st->finished || !st->conn)  /* (a client gone: the turn goes on unwatched) */
     return;
-  }
-  char *text = json_dumps(data, JSON_COMPACT);  /* one line: no raw newlines */
-  json_decref(data);
-  if (!text)
-    return;
-  size_t need = strlen(event) + strlen(text) + 32;
+  size_t need = strlen(event) + strlen(text) + 64;
   if (st->len + need > st->cap) {
     st->cap = (st->len + need) * 2;
     st->buf = realloc(st->buf, st->cap);
   }
-  st->len += (size_t)sprintf(st->buf + st->len, "event: %s\ndata: %s\n\n", event, text);
-  free(text);
+  st->len += (size_t)sprintf(st->buf + st->len, "id: %llu\nevent: %s\ndata: %s\n\n",
+                             (unsigned long long)seq, event, text);
   stream_wake(st);
 }
 
@@ -498,12 +522,46 @@ static void sse_free(void *cls)
 }
 
 /* The stream of the conversation's turn in progress (NULL outside a turn). */
-static stream *turn_stream(berth_conv *c)
+static stream *turn_stream(sconv *sc)
 {
-  sconv *sc = berth_conv_userdata(c);
-  if (!sc || !sc->head || !sc->head->started)
+  if (!sc->head || !sc->head->started)
     return NULL;
   return sc->head;
+}
+
+/* An event of the conversation's turn: numbered and stored (so GET …/events can
+ * replay it), then sent to the turn's stream and to whoever follows the turn.  Steals
+ * data. */
+static void conv_event(berth_conv *c, const char *event, json_t *data)
+{
+  sconv *sc = berth_conv_userdata(c);
+  if (!sc || !data) {
+    json_decref(data);
+    return;
+  }
+  uint64_t seq = berth_conv_record_event(c, event, data);
+  char *text = json_dumps(data, JSON_COMPACT);  /* one line: no raw newlines */
+  json_decref(data);
+  if (!text)
+    return;
+  stream *st = turn_stream(sc);
+  if (st)
+    stream_put(st, seq, event, text);
+  for (stream *f = sc->followers; f; f = f->next)
+    stream_put(f, seq, event, text);
+  free(text);
+}
+
+/* The followers of a turn are done when it ends. */
+static void end_followers(sconv *sc)
+{
+  while (sc->followers) {
+    stream *f = sc->followers;
+    sc->followers = f->next;
+    f->next = NULL;
+    stream_finish(f);
+    stream_unref(f);
+  }
 }
 
 /* }====================================================== */
@@ -515,6 +573,8 @@ static void on_turn_start(void *ud, berth_conv *c, const char *message)
   (void)ud;
   (void)message;
   sconv *sc = berth_conv_userdata(c);
+  if (sc)
+    sc->mark = ev_time();
   if (sc && sc->head)
     sc->head->started = true;
 }
@@ -522,63 +582,92 @@ static void on_turn_start(void *ud, berth_conv *c, const char *message)
 static void on_delta(void *ud, berth_conv *c, const char *text, size_t len)
 {
   (void)ud;
-  stream *st = turn_stream(c);
-  if (st)
-    stream_write(st, "delta", json_pack("{s:s%}", "text", text, len));
+  conv_event(c, "delta", json_pack("{s:s%}", "text", text, len));
 }
 
 static void on_message(void *ud, berth_conv *c, const char *text, size_t len)
 {
   (void)ud;
-  stream *st = turn_stream(c);
-  if (st)
-    stream_write(st, "message", json_pack("{s:s%}", "text", text, len));
+  conv_event(c, "message", json_pack("{s:s%}", "text", text, len));
 }
 
 static void on_tool_call(void *ud, berth_conv *c, const char *id, const char *name,
                          const char *arguments)
 {
   (void)ud;
-  stream *st = turn_stream(c);
-  if (st)
-    stream_write(st, "tool_call", json_pack("{s:s, s:s, s:s}", "id", id, "name", name,
-                                            "arguments", arguments));
+  sconv *sc = berth_conv_userdata(c);
+  berth_cell_timing stale;
+  berth_conv_take_cell_timing(c, &stale);  /* a cell before this call is not its own */
+  double now = ev_time(), model_ms = sc && sc->mark ? (now - sc->mark) * 1e3 : 0;
+  if (sc)
+    sc->call_at = now;
+  conv_event(c, "tool_call", json_pack("{s:s, s:s, s:s, s:{s:f}}", "id", id, "name", name,
+                                       "arguments", arguments, "timing", "modelMs",
+                                       model_ms));
+}
+
+/* Where a tool call's time went (runtime/README.md, "Timing of a tool call"). */
+static json_t *call_timing(berth_conv *c, sconv *sc, double now)
+{
+  json_t *t = json_object();
+  double total_ms = sc && sc->call_at ? (now - sc->call_at) * 1e3 : 0;
+  berth_cell_timing ct;
+  if (!berth_conv_take_cell_timing(c, &ct)) {   /* no executeCode ran (a hook answered) */
+    json_object_set_new(t, "hookMs", json_real(total_ms));
+    return t;
+  }
+  double hook = total_ms - ct.execute_ms, net = ct.call_ms - ct.check_ms - ct.daemon_ms;
+  json_object_set_new(t, "hookMs", json_real(hook > 0 ? hook : 0));
+  json_object_set_new(t, "executeMs", json_real(ct.execute_ms));
+  if (ct.call_ms > 0) {          /* measured by the client (a session call) */
+    json_object_set_new(t, "waitMs", json_real(ct.wait_ms));
+    json_object_set_new(t, "callMs", json_real(ct.call_ms));
+    json_object_set_new(t, "networkMs", json_real(net > 0 ? net : 0));
+    json_object_set_new(t, "daemonMs", json_real(ct.daemon_ms));
+    json_object_set_new(t, "checkMs", json_real(ct.check_ms));
+  }
+  return t;
 }
 
 static void on_tool_result(void *ud, berth_conv *c, const char *id, const json_t *result,
                            const berth_error *err)
 {
   (void)ud;
-  stream *st = turn_stream(c);
-  if (!st)
-    return;
+  sconv *sc = berth_conv_userdata(c);
+  double now = ev_time();
+  json_t *timing = call_timing(c, sc, now);
+  if (sc)
+    sc->mark = now;              /* the next call's model step starts here */
   if (result)
-    stream_write(st, "tool_result", json_pack("{s:s, s:O}", "id", id, "result", result));
+    conv_event(c, "tool_result", json_pack("{s:s, s:O, s:o}", "id", id, "result", result,
+                                           "timing", timing));
   else
-    stream_write(st, "tool_result", json_pack("{s:s, s:{s:s, s:s}}", "id", id, "error",
-                                              "code", err->code, "message",
-                                              err->message ? err->message : ""));
+    conv_event(c, "tool_result", json_pack("{s:s, s:{s:s, s:s}, s:o}", "id", id, "error",
+                                           "code", err->code, "message",
+                                           err->message ? err->message : "", "timing",
+                                           timing));
 }
 
 static void on_error(void *ud, berth_conv *c, const berth_error *err)
 {
   (void)ud;
-  stream *st = turn_stream(c);
-  if (st)
-    stream_write(st, "error", json_pack("{s:s, s:s}", "code", err->code, "message",
-                                        err->message ? err->message : ""));
+  conv_event(c, "error", json_pack("{s:s, s:s}", "code", err->code, "message",
+                                   err->message ? err->message : ""));
 }
 
 static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
 {
   (void)ud;
   sconv *sc = berth_conv_userdata(c);
-  if (!sc || !sc->head)
+  if (!sc)
+    return;
+  conv_event(c, "turn_end", json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn,
+                                      "ok", info->ok, "seconds", info->seconds, "cells",
+                                      (json_int_t)info->cells));
+  end_followers(sc);
+  if (!sc->head)
     return;
   stream *st = sc->head;
-  stream_write(st, "turn_end", json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn,
-                                         "ok", info->ok, "seconds", info->seconds, "cells",
-                                         (json_int_t)info->cells));
   stream_finish(st);
   sc->head = st->next;
   if (!sc->head)
@@ -596,6 +685,7 @@ static void sconv_free(sconv *sc)
     stream_finish(st);
     stream_unref(st);
   }
+  end_followers(sc);
   if (sc->caller < s->n_callers)
     s->callers[sc->caller].convs--;
   berth_conv_free(sc->conv);
@@ -646,14 +736,16 @@ static route match(const char *url, char *id)
     return R_CONV;
   if (!strcmp(url, "/messages"))
     return R_MESSAGES;
+  if (!strcmp(url, "/events"))
+    return R_EVENTS;
   return R_NONE;
 }
 
 static const char *allowed(route r)
 {
   switch (r) {
-    case R_HEALTH: case R_METRICS: return "GET";
-    case R_CONVS: case R_MESSAGES: return "POST";
+    case R_HEALTH: case R_METRICS: case R_EVENTS: return "GET";
+    case R_CONVS: case R_MESSAGES: return "GET, POST";
     case R_CONV: return "GET, DELETE";
     default: return "";
   }
@@ -688,7 +780,7 @@ static long authenticate(server *s, struct MHD_Connection *conn)
   SHA256((const unsigned char *)tok, len, hash);
   long found = -1;
   for (size_t i = 0; i < s->n_callers; i++)
-    if (CRYPTO_memcmp(hash, s->callers[i].hash, sizeof hash) == 0)
+    if (CRYPTO_memcmp(hash, s->callers[i].hash, sizeof hash) == 0 && !s->callers[i].revoked)
       found = (long)i;
   OPENSSL_cleanse(hash, sizeof hash);
   return found;
@@ -871,7 +963,7 @@ static enum MHD_Result do_create(request *q)
                  error_response("internal", "no random bytes for an id"));
   }
   hex(raw, sizeof raw, sc->id);
-  berth_conv_options co = {NULL, user ? owner : NULL, body.metadata, sc};
+  berth_conv_options co = {NULL, user ? owner : NULL, body.metadata, sc, sc->id, cl->digest};
   berth_error *e = berth_conv_open(s->h, &co, &sc->conv);
   json_decref(body.body);
   if (e) {
@@ -887,6 +979,63 @@ static enum MHD_Result do_create(request *q)
   if (s->verbose)
     slog(s, "caller %s opened %s", cl->label, berth_conv_run_id(sc->conv));
   return queue(q, MHD_HTTP_CREATED, json_response(json_pack("{s:s}", "id", sc->id)));
+}
+
+static void sc_unqueue(sconv *sc, stream *st)
+{
+  stream **pp = &sc->head;
+  sc->tail = NULL;
+  while (*pp) {
+    if (*pp == st)
+      *pp = st->next;
+    else {
+      sc->tail = *pp;
+      pp = &(*pp)->next;
+    }
+  }
+  st->next = NULL;
+}
+
+static struct MHD_Response *sse_response(stream *st)
+{
+  struct MHD_Response *r =
+    MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, st, sse_free);
+  if (!r)
+    return NULL;
+  st->refs++;                   /* the response's */
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  MHD_add_response_header(r, "X-Accel-Buffering", "no");
+  return r;
+}
+
+/* The message is stored (its turn may start now) or could not be: answer its POST. */
+static void on_stored(void *ud, berth_conv *c, const berth_error *err)
+{
+  stream *st = ud;
+  request *q = st->waiting;
+  st->waiting = NULL;
+  if (!q) {                     /* answered already (no store), or its client left */
+    st->stored = true;
+    if (err && c && berth_conv_userdata(c)) {
+      sconv *sc = berth_conv_userdata(c);
+      sc_unqueue(sc, st);
+      stream_unref(st);         /* the queue's */
+    }
+    return;
+  }
+  if (err) {
+    if (c && berth_conv_userdata(c)) {
+      sc_unqueue(berth_conv_userdata(c), st);
+      stream_unref(st);         /* the queue's */
+    }
+    slog(q->s, "a message was refused: the store failed (%s)", err->message);
+    answer_later(q, MHD_HTTP_SERVICE_UNAVAILABLE,
+                 error_response("unavailable", "the message could not be stored, so it was "
+                                               "not taken; retry later"));
+    return;
+  }
+  answer_later(q, MHD_HTTP_OK, sse_response(st));
 }
 
 static enum MHD_Result do_message(request *q, sconv *sc)
@@ -910,21 +1059,16 @@ static enum MHD_Result do_message(request *q, sconv *sc)
   else
     sc->head = st;
   sc->tail = st;
-  /* May start the turn at once (its start event marks the stream). */
-  berth_error *e = berth_conv_message(sc->conv, content);
+  /* The turn starts once the message is stored (on_stored); so does the answer. */
+  st->waiting = q;
+  q->stream = st;
+  berth_error *e = berth_conv_message_durable(sc->conv, content, on_stored, st);
   json_decref(body);
   if (e) {
     /* refused before anything started: take the stream back out (it is the tail) */
-    stream **pp = &sc->head;
-    sc->tail = NULL;
-    while (*pp) {
-      if (*pp == st)
-        *pp = st->next;
-      else {
-        sc->tail = *pp;
-        pp = &(*pp)->next;
-      }
-    }
+    q->stream = NULL;
+    st->waiting = NULL;
+    sc_unqueue(sc, st);
     st->refs = 1;
     stream_unref(st);
     unsigned status;
@@ -933,16 +1077,239 @@ static enum MHD_Result do_message(request *q, sconv *sc)
     berth_error_free(e);
     return queue(q, status, r);
   }
-  q->stream = st;
+  if (st->stored) {             /* no store: taken at once */
+    st->waiting = NULL;
+    return queue(q, MHD_HTTP_OK, sse_response(st));
+  }
+  q->suspended = true;
+  MHD_suspend_connection(q->conn);
+  return MHD_YES;
+}
+
+/* The caller's conversation with this id: open here, or resumed from the store as
+ * after an idle suspend (history and state loaded; a fresh sandbox at its next
+ * message).  NULL with *status 404 (unknown, another caller's or completed — all
+ * alike), 429 or 503 and *why. */
+static sconv *find_or_resume(request *q, unsigned *status, char **why)
+{
+  server *s = q->s;
+  *status = MHD_HTTP_NOT_FOUND;
+  *why = NULL;
+  sconv *sc = table_find(s, q->id, q->caller);
+  if (sc || !s->store || strlen(q->id) != ID_LEN)
+    return sc;
+  for (const char *p = q->id; *p; p++)
+    if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+      return NULL;
+  caller *cl = &s->callers[q->caller];
+  berth_store_conv rec;
+  bool found = false;
+  berth_error *e = berth_store_get_conv(s->store, q->id, &rec, &found);
+  if (e) {
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    *why = msg("the store cannot be read: %s", e->message);
+    berth_error_free(e);
+    return NULL;
+  }
+  bool mine = found && rec.caller && strlen(rec.caller) == 64 &&
+              CRYPTO_memcmp(rec.caller, cl->digest, 64) == 0;
+  bool open = mine && rec.status != BERTH_STORE_COMPLETED;
+  berth_store_conv_clear(&rec);
+  if (!open)
+    return NULL;
+  sc = calloc(1, sizeof *sc);
+  sc->s = s;
+  sc->caller = q->caller;
+  memcpy(sc->id, q->id, ID_LEN + 1);
+  berth_conv_options co = {NULL, NULL, NULL, sc, sc->id, cl->digest};
+  e = berth_conv_open(s->h, &co, &sc->conv);
+  if (e) {
+    const char *code = status_of(e, status);
+    *why = msg("%s: %s", code, e->message);
+    berth_error_free(e);
+    free(sc);
+    return NULL;
+  }
+  cl->convs++;
+  table_add(s, sc);
+  if (s->verbose)
+    slog(s, "caller %s resumed %s from the store", cl->label, berth_conv_run_id(sc->conv));
+  return sc;
+}
+
+/* Whether the caller may read this conversation's stored history (open here, or in
+ * the store under its name, completed ones too). */
+static bool readable(request *q, unsigned *status, char **why)
+{
+  server *s = q->s;
+  *status = MHD_HTTP_NOT_FOUND;
+  *why = NULL;
+  if (table_find(s, q->id, q->caller))
+    return true;
+  if (!s->store || strlen(q->id) != ID_LEN)
+    return false;
+  berth_store_conv rec;
+  bool found = false;
+  berth_error *e = berth_store_get_conv(s->store, q->id, &rec, &found);
+  if (e) {
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    *why = msg("the store cannot be read: %s", e->message);
+    berth_error_free(e);
+    return false;
+  }
+  bool mine = found && rec.caller && strlen(rec.caller) == 64 &&
+              CRYPTO_memcmp(rec.caller, s->callers[q->caller].digest, 64) == 0;
+  berth_store_conv_clear(&rec);
+  return mine;
+}
+
+static enum MHD_Result refuse(request *q, unsigned status, char *why)
+{
   struct MHD_Response *r =
-    MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, st, sse_free);
-  if (!r)
-    return MHD_NO;
-  st->refs++;                   /* the response's */
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-  MHD_add_response_header(r, "X-Accel-Buffering", "no");
-  return queue(q, MHD_HTTP_OK, r);
+    why ? error_response(status == MHD_HTTP_NOT_FOUND ? "not_found"
+                         : status == MHD_HTTP_TOO_MANY_REQUESTS ? "capacity" : "unavailable",
+                         "%s", why)
+        : error_response("not_found", "no such conversation");
+  free(why);
+  return queue(q, status, r);
+}
+
+static json_t *conv_json(const berth_store_conv *r)
+{
+  json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:I}", "id", r->id, "status",
+                        berth_store_status_name(r->status), "turns", (json_int_t)r->turns,
+                        "createdAt", (json_int_t)r->created_ms, "updatedAt",
+                        (json_int_t)r->updated_ms);
+  const char *colon = r->owner ? strchr(r->owner, ':') : NULL;
+  if (colon)                    /* "<caller label>:<userId>": the caller's userId back */
+    json_object_set_new(o, "userId", json_string(colon + 1));
+  json_t *meta = r->metadata ? json_loads(r->metadata, 0, NULL) : NULL;
+  if (meta)
+    json_object_set_new(o, "metadata", meta);
+  return o;
+}
+
+static bool arg_count(request *q, const char *name, uint64_t *out)
+{
+  const char *v = MHD_lookup_connection_value(q->conn, MHD_GET_ARGUMENT_KIND, name);
+  size_t n;
+  if (!v)
+    return true;
+  if (!parse_count(v, &n))
+    return false;
+  *out = n;
+  return true;
+}
+
+/* GET /v1/conversations?limit=N&cursor=C: the caller's own, newest first. */
+static enum MHD_Result do_list(request *q)
+{
+  server *s = q->s;
+  uint64_t limit = 50, cursor = 0;
+  if (!arg_count(q, "limit", &limit) || !arg_count(q, "cursor", &cursor) || limit == 0 ||
+      limit > 1000)
+    return queue(q, MHD_HTTP_BAD_REQUEST,
+                 error_response("invalid_argument", "limit must be 1 .. 1000 and cursor the "
+                                                    "nextCursor of a previous page"));
+  berth_store_conv *v = NULL;
+  size_t n = 0;
+  berth_error *e = berth_store_list_convs(s->store, s->callers[q->caller].digest, cursor,
+                                          (size_t)limit, &v, &n);
+  if (e) {
+    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
+                                            e->message);
+    berth_error_free(e);
+    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+  }
+  json_t *list = json_array();
+  for (size_t i = 0; i < n; i++)
+    json_array_append_new(list, conv_json(&v[i]));
+  json_t *next = json_null();
+  if (n == limit) {
+    char c[24];
+    snprintf(c, sizeof c, "%llu", (unsigned long long)v[n - 1].order);
+    next = json_string(c);
+  }
+  berth_store_convs_free(v, n);
+  return queue(q, MHD_HTTP_OK, json_response(json_pack("{s:o, s:o}", "conversations", list,
+                                                       "nextCursor", next)));
+}
+
+/* GET /v1/conversations/{id}/messages: the stored history (ctx.messages as of the last
+ * turn's end). */
+static enum MHD_Result do_history(request *q)
+{
+  server *s = q->s;
+  unsigned status;
+  char *why;
+  if (!readable(q, &status, &why))
+    return refuse(q, status, why);
+  char **texts = NULL;
+  size_t n = 0;
+  berth_error *e = berth_store_load_messages(s->store, q->id, &texts, &n);
+  if (e) {
+    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
+                                            e->message);
+    berth_error_free(e);
+    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+  }
+  json_t *list = json_array();
+  for (size_t i = 0; i < n; i++) {
+    json_t *m = json_loads(texts[i], JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    json_array_append_new(list, m ? m : json_null());
+  }
+  berth_store_texts_free(texts, n);
+  return queue(q, MHD_HTTP_OK, json_response(json_pack("{s:s, s:o}", "id", q->id,
+                                                       "messages", list)));
+}
+
+/* GET /v1/conversations/{id}/events (Last-Event-ID: N, or ?after=N): the stored events
+ * after N, then, while a turn of the conversation runs here, its events as they come
+ * until its turn_end. */
+static enum MHD_Result do_events(request *q)
+{
+  server *s = q->s;
+  unsigned status;
+  char *why;
+  if (!readable(q, &status, &why))
+    return refuse(q, status, why);
+  uint64_t after = 0;
+  const char *last = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, "Last-Event-ID");
+  size_t n;
+  if (last && *last) {
+    if (!parse_count(last, &n))
+      return queue(q, MHD_HTTP_BAD_REQUEST,
+                   error_response("invalid_argument", "Last-Event-ID must be an event's "
+                                                      "number"));
+    after = n;
+  } else if (!arg_count(q, "after", &after))
+    return queue(q, MHD_HTTP_BAD_REQUEST,
+                 error_response("invalid_argument", "after must be an event's number"));
+  berth_store_event *ev = NULL;
+  berth_error *e = berth_store_read_events(s->store, q->id, after, 0, &ev, &n);
+  if (e) {
+    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
+                                            e->message);
+    berth_error_free(e);
+    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+  }
+  stream *st = calloc(1, sizeof *st);
+  st->s = s;
+  st->conn = q->conn;
+  st->refs = 1;                 /* the request's */
+  s->streams_open++;
+  for (size_t i = 0; i < n; i++)
+    stream_put(st, ev[i].seq, ev[i].kind, ev[i].data);
+  berth_store_events_free(ev, n);
+  sconv *sc = table_find(s, q->id, q->caller);
+  if (sc && berth_conv_busy(sc->conv)) {
+    st->refs++;                 /* the followers' */
+    st->next = sc->followers;
+    sc->followers = st;
+  } else
+    st->finished = true;
+  q->stream = st;
+  return queue(q, MHD_HTTP_OK, sse_response(st));
 }
 
 static enum MHD_Result do_delete(request *q, sconv *sc)
@@ -994,24 +1361,33 @@ static enum MHD_Result dispatch(request *q)
     case R_METRICS:
       return do_metrics(q);
     case R_CONVS:
-      return do_create(q);
+      return q->is_get ? do_list(q) : do_create(q);
+    case R_EVENTS:
+      return do_events(q);
+    case R_MESSAGES:
+      if (q->is_get)
+        return do_history(q);
+      break;
     default:
       break;
   }
-  sconv *sc = table_find(s, q->id, q->caller);
+  unsigned status;
+  char *why;
+  sconv *sc = find_or_resume(q, &status, &why);
   if (!sc)
-    return queue(q, MHD_HTTP_NOT_FOUND,
-                 error_response("not_found", "no such conversation"));
+    return refuse(q, status, why);
   if (q->route == R_MESSAGES)
     return do_message(q, sc);
   /* R_CONV */
   if (q->is_delete)
     return do_delete(q, sc);
   return queue(q, MHD_HTTP_OK,
-               json_response(json_pack("{s:s, s:i, s:b, s:b}", "id", sc->id, "turns",
+               json_response(json_pack("{s:s, s:i, s:b, s:b, s:s}", "id", sc->id, "turns",
                                        (json_int_t)berth_conv_turns(sc->conv), "busy",
                                        berth_conv_busy(sc->conv), "suspended",
-                                       berth_conv_suspended(sc->conv))));
+                                       berth_conv_suspended(sc->conv), "status",
+                                       berth_conv_suspended(sc->conv) ? "suspended"
+                                                                      : "open")));
 }
 
 /* }====================================================== */
@@ -1047,6 +1423,10 @@ static bool take_body(request *q, const char *data, size_t n)
 static enum MHD_Result check_head(request *q, const char *url, const char *method)
 {
   server *s = q->s;
+  unsigned page_status;         /* the page's own files (web.c): no token needed */
+  struct MHD_Response *page = berth_web_response(q->conn, url, method, &page_status);
+  if (page)
+    return queue(q, page_status, page);
   q->route = match(url, q->id);
   if (q->route == R_NONE)
     return queue(q, MHD_HTTP_NOT_FOUND, error_response("not_found", "no such route"));
@@ -1066,6 +1446,7 @@ static enum MHD_Result check_head(request *q, const char *url, const char *metho
                                                      "Bearer <token> with a token of its "
                                                      "token file"));
     q->caller = (size_t)who;
+    connguard_trust(q->conn);   /* a known caller: only MHD's idle timeout from now on */
   }
   bool posts = !strcmp(method, MHD_HTTP_METHOD_POST);
   if (posts && !json_type_ok(q->conn))
@@ -1130,6 +1511,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE,
                  error_response("shutting_down", "the server is shutting down"));
   q->is_delete = !strcmp(method, MHD_HTTP_METHOD_DELETE);
+  q->is_get = !strcmp(method, MHD_HTTP_METHOD_GET);
   q->dispatched = true;
   return dispatch(q);
 }
@@ -1147,6 +1529,8 @@ static void on_request_done(void *cls, struct MHD_Connection *conn, void **con_c
   if (q->stream) {
     q->stream->conn = NULL;
     q->stream->suspended = false;
+    if (q->stream->waiting == q)
+      q->stream->waiting = NULL;  /* its message is still taken once stored */
     stream_unref(q->stream);
   }
   /* A DELETE whose client went away: its completion answers nobody. */
@@ -1314,7 +1698,17 @@ enum {
   O_MAX_BODY, O_IDLE, O_GRACE, O_MIN_ISO, O_VERBOSE, O_HELP, O_VERSION
 };
 
+/* Connection limits (issue 11). */
+enum { O_MAX_CONNS = 512, O_HEADER_TIMEOUT };
+/* The store (issue 13). */
+enum { O_STORE = 600, O_STATE_DIR };
+#define DEFAULT_HEADER_TIMEOUT 10.0
+
 static const struct option serve_opts[] = {
+  {"max-connections", required_argument, NULL, O_MAX_CONNS},
+  {"store", required_argument, NULL, O_STORE},
+  {"state-dir", required_argument, NULL, O_STATE_DIR},
+  {"header-timeout", required_argument, NULL, O_HEADER_TIMEOUT},
   {"listen", required_argument, NULL, O_LISTEN},
   {"token-file", required_argument, NULL, O_TOKEN_FILE},
   {"hooks", required_argument, NULL, O_HOOKS},
@@ -1345,6 +1739,9 @@ typedef struct serve_args {
   bool max_per_caller_set, max_sandboxes_set, grace_set;
   double idle, grace;
   bool verbose;
+  size_t max_conns;             /* 0: connguard_default_limit */
+  const char *store, *state_dir;
+  double header_timeout;
 } serve_args;
 
 static int usage_error(const char *fmt, const char *arg)
@@ -1363,6 +1760,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
   a->max_turns = DEFAULT_MAX_TURNS;
   a->max_queued = DEFAULT_MAX_QUEUED;
   a->max_body = DEFAULT_MAX_BODY;
+  a->header_timeout = DEFAULT_HEADER_TIMEOUT;
   optind = 1;
   opterr = 0;
   int c;
@@ -1388,6 +1786,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
       case O_IDLE: secs = &a->idle; break;
       case O_GRACE: secs = &a->grace; a->grace_set = true; break;
       case O_VERBOSE: a->verbose = true; break;
+      case O_MAX_CONNS: count = &a->max_conns; break;
+      case O_STORE: a->store = optarg; break;
+      case O_STATE_DIR: a->state_dir = optarg; break;
+      case O_HEADER_TIMEOUT: secs = &a->header_timeout; break;
       case O_HELP: fputs(serve_usage, stdout); return 0;
       case O_VERSION:
         printf("berth %s (libplimsoll %s, protocol %d)\n", BERTH_VERSION, PLIMSOLL_VERSION,
@@ -1413,6 +1815,10 @@ static int parse_args(int argc, char **argv, serve_args *a)
     return usage_error("%s", "--max-body-bytes must be 1 .. 67108864");
   if (a->max_sandboxes > 1000000)
     return usage_error("%s", "--max-sandboxes is too large");
+  if (a->max_conns > 1000000)
+    return usage_error("%s", "--max-connections is too large");
+  if (a->header_timeout < 0.1 || a->header_timeout > 600)
+    return usage_error("%s", "--header-timeout must be 0.1 .. 600 seconds");
   return -1;
 }
 
@@ -1426,6 +1832,11 @@ static size_t default_per_caller(size_t max_convs, size_t n_callers)
   return (total + DEFAULT_PER_CALLER_SHARE - 1) / DEFAULT_PER_CALLER_SHARE;
 }
 
+/* Reads the token file: at start, and again on SIGHUP.  Callers are kept by index
+ * (conversations and requests name them so), so a reload never moves one: a token
+ * that is gone is marked revoked (refused from now on, its open conversations left
+ * as they are), a new one is appended, one that comes back is accepted again.  On
+ * any error the callers stay as they were.  Logged by label, never by token. */
 static int load_callers(server *s, const char *path)
 {
   char **lines;
@@ -1439,15 +1850,65 @@ static int load_callers(server *s, const char *path)
     free(lines);
     return -1;
   }
-  s->callers = calloc((size_t)n, sizeof *s->callers);
-  s->n_callers = (size_t)n;
+  bool reload = s->callers != NULL;
+  size_t old = s->n_callers;
+  bool *kept = calloc(old + 1, sizeof *kept);
+  size_t added = 0, removed = 0;
   for (int i = 0; i < n; i++) {
-    SHA256((const unsigned char *)lines[i], strlen(lines[i]), s->callers[i].hash);
-    s->callers[i].label[0] = 'k';
-    hex(s->callers[i].hash, 4, s->callers[i].label + 1);
+    unsigned char hash[32];
+    SHA256((const unsigned char *)lines[i], strlen(lines[i]), hash);
+    size_t k = 0;
+    while (k < s->n_callers && memcmp(hash, s->callers[k].hash, sizeof hash))
+      k++;
+    if (k == s->n_callers) {
+      s->callers = realloc(s->callers, (s->n_callers + 1) * sizeof *s->callers);
+      caller *cl = &s->callers[s->n_callers++];
+      memset(cl, 0, sizeof *cl);
+      memcpy(cl->hash, hash, sizeof hash);
+      cl->label[0] = 'k';
+      hex(cl->hash, 4, cl->label + 1);
+      hex(cl->hash, 32, cl->digest);
+      if (reload)
+        slog(s, "token file: caller %s added", cl->label);
+      added++;
+    } else {
+      if (s->callers[k].revoked) {
+        slog(s, "token file: caller %s added again", s->callers[k].label);
+        added++;
+      }
+      s->callers[k].revoked = false;
+      if (k < old)
+        kept[k] = true;
+    }
+    OPENSSL_cleanse(hash, sizeof hash);
   }
+  for (size_t k = 0; reload && k < old; k++)
+    if (!kept[k] && !s->callers[k].revoked) {
+      s->callers[k].revoked = true;
+      slog(s, "token file: caller %s removed (its requests are refused from now on)",
+           s->callers[k].label);
+      removed++;
+    }
+  free(kept);
   free_lines(lines, n);
+  if (reload)
+    slog(s, "token file %s read again: %zu caller%s added, %zu removed", path, added,
+         added == 1 ? "" : "s", removed);
   return 0;
+}
+
+static void on_sighup(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  server *s = w->data;
+  if (load_callers(s, s->token_file) != 0)
+    slog(s, "the token file was not read again: the callers stay as they were");
+}
+
+static void guard_notice(void *ud, const char *line)
+{
+  slog(ud, "http: %s", line);
 }
 
 static void raise_fd_limit(void)
@@ -1465,6 +1926,12 @@ int berth_cmd_serve(int argc, char **argv)
   int rc = parse_args(argc, argv, &a);
   if (rc >= 0)
     return rc;
+  if (!a.model && !a.hooks) {   /* every turn would fail: refused before anything starts */
+    fprintf(stderr, "berth serve: no model: pass --model openai[:NAME] (an OpenAI-compatible "
+                    "server: set BERTH_MODEL_URL, BERTH_API_KEY and BERTH_MODEL) or --model "
+                    "scripted:FILE\n");
+    return 2;
+  }
   raise_fd_limit();
   server srv;
   server *s = &srv;
@@ -1510,11 +1977,16 @@ int berth_cmd_serve(int argc, char **argv)
       daemon_token = strdup(lines[0]);
       free_lines(lines, n);
     }
-  } else if (a.sandboxd || a.provider) {
+  } else if (a.sandboxd || a.provider || !getenv("PLIMSOLL_URL") || !*getenv("PLIMSOLL_URL")) {
+    /* No daemon given: a local one, with the strongest provider that works here (no
+     * silent fakes: echo only when named). */
     const char *provider = a.provider;
     if (!provider)
       provider = getenv("BERTH_PROVIDER") && *getenv("BERTH_PROVIDER")
-                 ? getenv("BERTH_PROVIDER") : "echo";
+                 ? getenv("BERTH_PROVIDER") : "auto";
+    if (!strcmp(provider, "echo"))
+      slog(s, "warning: the echo provider runs no code: every tool result is the code "
+              "echoed back");
     if (berth_daemon_start(&local, a.sandboxd, provider, a.verbose) != 0)
       goto out;
     berth_daemon_watch(&local, s->loop);  /* started again if it dies (issue 11) */
@@ -1523,13 +1995,11 @@ int berth_cmd_serve(int argc, char **argv)
     daemon_token = strdup(local.token);
     if (!a.max_sandboxes_set)
       a.max_sandboxes = OWN_SANDBOXD_MAX_SANDBOXES;
-  } else if (getenv("PLIMSOLL_URL") && *getenv("PLIMSOLL_URL")) {
+  } else {
     daemon_url = getenv("PLIMSOLL_URL");
     if (getenv("PLIMSOLL_TOKEN"))
       daemon_token = strdup(getenv("PLIMSOLL_TOKEN"));
-  } else
-    slog(s, "warning: no plimsoll daemon (--daemon, --sandboxd or PLIMSOLL_URL): tool "
-            "calls will answer \"Nothing ran\"");
+  }
   if (a.model) {
     berth_error *e = berth_model_open(s->loop, a.model, &s->model);
     if (e) {
@@ -1539,9 +2009,35 @@ int berth_cmd_serve(int argc, char **argv)
     }
   }
 
+  {
+    char def[4200];
+    const char *url = a.store;
+    if (!url) {
+      snprintf(def, sizeof def, "sqlite:%s/berth.db", a.state_dir ? a.state_dir : ".");
+      url = def;
+    }
+    berth_error *se = berth_store_open(s->loop, url, &s->store);
+    if (se) {
+      slog(s, "%s", se->message);
+      berth_error_free(se);
+      goto out;
+    }
+    size_t marked = 0;
+    se = berth_store_mark_interrupted(s->store, &marked);
+    if (se) {
+      slog(s, "%s", se->message);
+      berth_error_free(se);
+      goto out;
+    }
+    if (marked)
+      slog(s, "%zu turn%s running when the last host stopped marked interrupted", marked,
+           marked == 1 ? "" : "s");
+  }
+
   berth_options ho;
   berth_options_init(&ho);
   ho.loop = s->loop;
+  ho.store = s->store;
   ho.hooks_file = hooks;
   ho.lib_dir = scripts;
   if (a.idle > 0)
@@ -1578,13 +2074,22 @@ int berth_cmd_serve(int argc, char **argv)
     free(why);
     goto out;
   }
+  /* A flood of idle connections must not lock callers out (connguard.h). */
+  unsigned long fds = connguard_raise_fd_limit();
+  unsigned max_conns = a.max_conns ? (unsigned)a.max_conns : connguard_default_limit(fds);
+  s->guard = connguard_new(s->loop, max_conns, a.header_timeout);
+  connguard_on_notice(s->guard, guard_notice, s);
+  if (s->verbose)
+    slog(s, "at most %u connections (descriptor limit %lu), %.1f s to send an "
+            "authenticated request", max_conns, fds, a.header_timeout);
   s->mhd = MHD_start_daemon(
     MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, s,
     MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
     MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
     MHD_OPTION_NOTIFY_COMPLETED, on_request_done, s,
+    MHD_OPTION_NOTIFY_CONNECTION, connguard_notify, s->guard,
     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
-    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)8192,
+    MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(s->guard),
     MHD_OPTION_END);
   const union MHD_DaemonInfo *info =
     s->mhd ? MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
@@ -1608,6 +2113,10 @@ int berth_cmd_serve(int argc, char **argv)
   ev_signal_init(&s->sigint, on_stop_signal, SIGINT);
   s->sigint.data = s;
   ev_signal_start(s->loop, &s->sigint);
+  s->token_file = a.token_file;
+  ev_signal_init(&s->sighup, on_sighup, SIGHUP);  /* (the host reloads its hooks too) */
+  s->sighup.data = s;
+  ev_signal_start(s->loop, &s->sighup);
 
   {
     const char *colon = strrchr(a.listen, ':');
@@ -1650,10 +2159,12 @@ out:
     ev_prepare_stop(s->loop, &s->prepare);
     ev_signal_stop(s->loop, &s->sigterm);
     ev_signal_stop(s->loop, &s->sigint);
+    ev_signal_stop(s->loop, &s->sighup);
     MHD_run(s->mhd);
     MHD_stop_daemon(s->mhd);
   } else if (s->listen_fd >= 0)
     close(s->listen_fd);
+  connguard_free(s->guard);
   for (size_t i = 0; i < s->table_size; i++)
     while (s->table[i]) {
       sconv *c = s->table[i];
@@ -1662,6 +2173,7 @@ out:
     }
   free(s->table);
   berth_host_free(s->h);
+  berth_store_free(s->store);   /* after the host: it flushes the last writes */
   berth_model_free(s->model);
   if (own)
     berth_daemon_stop(&local);

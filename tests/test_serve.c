@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "fault.h"
+#include "flood.h"
 #include "sbxproc.h"
 #include "servetest.h"
 
@@ -398,7 +399,8 @@ static void test_400_malformed_input_changes_nothing(void **state)
                                 &j), 405);
   assert_string_equal(error_code(j), "method_not_allowed");
   json_decref(j);
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations"), s->token[0], NULL, NULL), 405);
+  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations"), s->token[0], NULL, NULL),
+                   405);
   assert_int_equal(st_call("GET", url(s, "/v2/nothing"), s->token[0], NULL, NULL), 404);
   assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/other", id), s->token[0], NULL,
                            NULL), 404);
@@ -697,6 +699,16 @@ static bool first_running_second_queued(void *ud)
   return ok;
 }
 
+static bool first_running(void *ud)
+{
+  three *t = ud;
+  char *metrics = NULL;
+  st_call("GET", url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
+  bool ok = strstr(metrics, "\nberth_turns_running 1\n") != NULL;
+  free(metrics);
+  return ok;
+}
+
 static bool all_three_done(void *ud)
 {
   three *t = ud;
@@ -722,6 +734,9 @@ static void test_turn_queue_and_capacity(void **state)
   three t = {{&sa, &sb, NULL}, s};
   st_stream_start(&sa, m, url(s, "/v1/conversations/%s/messages", a), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:500\"}");
+  /* a's turn starts once its message is stored (a loop iteration later): until then a
+   * is the one queued message, and b would be refused for the queue's bound. */
+  assert_true(st_pump(m, first_running, &t, WAIT));
   st_stream_start(&sb, m, url(s, "/v1/conversations/%s/messages", b), s->token[0],
                   "{\"content\": \"b = 1\"}");
   assert_true(st_pump(m, first_running_second_queued, &t, WAIT));
@@ -943,6 +958,51 @@ static void test_sigterm_cancels_after_the_grace(void **state)
   stop(s, -1);
 }
 
+/* Issue 11, item 9: 8 300 idle connections without a token made `berth serve` time
+ * out new opens.  With --max-connections 100 and --header-timeout 1, 400 idle
+ * connections (half silent, half with headers that never end): a turn streaming
+ * since before the flood runs to its end past the header timeout, a caller opens a
+ * conversation during the flood, and every idle connection is closed soon after. */
+static void test_I11_9_an_idle_connection_flood_locks_no_caller_out(void **state)
+{
+  (void)state;
+  flood_raise_fd_limit();
+  static const char *const more[] = {"--max-connections", "100", "--header-timeout", "1",
+                                     NULL};
+  st_server *s = serve(more);
+  unsigned port = 0;
+  assert_int_equal(sscanf(s->url, "http://127.0.0.1:%u", &port), 1);
+  char id[40], other[40];
+  create(s, 0, NULL, id);
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:2500\"}");
+  seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, saw_event, &w, WAIT));
+  flood f;
+  double t0 = st_now();
+  assert_int_equal(flood_open(&f, port, 400), 0);
+  create(s, 1, NULL, other);           /* a new caller, in the flood */
+  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_int_equal(st.status, 200);
+  json_t *events = st_stream_events(&st);
+  assert_string_equal(names(events), "tool_call tool_result delta message turn_end");
+  json_decref(events);
+  st_stream_free(&st, m);
+  curl_multi_cleanup(m);
+  size_t closed = flood_closed(&f, 6.0);
+  if (closed != f.n)
+    fail_msg("%zu of %zu idle connections still open %.1f s later", f.n - closed, f.n,
+             st_now() - t0);
+  flood_close(&f);
+  char *log = st_read_log(s);
+  assert_non_null(log);
+  assert_non_null(strstr(log, "over the cap of 100"));
+  free(log);
+  stop(s, 0);
+}
+
 /* }====================================================== */
 
 /* {====================================================== issue 11: a local sandboxd that dies */
@@ -1053,7 +1113,10 @@ int main(void)
     cmocka_unit_test(test_metrics_parse_and_move),
     cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),
     cmocka_unit_test(test_sigterm_cancels_after_the_grace),
+    cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
     cmocka_unit_test(test_I11_local_sandboxd_killed_is_restarted),
   };
+  if (getenv("TEST_FILTER"))
+    cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

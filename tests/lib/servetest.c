@@ -45,6 +45,8 @@ static int write_file(const char *path, const char *text)
   return fclose(f);
 }
 
+static int spawn(st_server *s, const char *const *extra);
+
 int st_start(st_server *s, const char *script_lua, const char *const *extra)
 {
   memset(s, 0, sizeof *s);
@@ -65,6 +67,16 @@ int st_start(st_server *s, const char *script_lua, const char *const *extra)
     fprintf(stderr, "st_start: cannot write %s\n", s->dir);
     return -1;
   }
+  return spawn(s, extra);
+}
+
+/* Starts berth serve on s->dir's tokens and script (its store in s->dir too, unless
+ * the extra arguments name one) and waits for its `listening` line. */
+static int spawn(st_server *s, const char *const *extra)
+{
+  char tokens[128], script[128];
+  snprintf(tokens, sizeof tokens, "%s/tokens", s->dir);
+  snprintf(script, sizeof script, "%s/script.lua", s->dir);
   const char *build = getenv("BUILD") && *getenv("BUILD") ? getenv("BUILD") : "build";
   char prog[256], model[160];
   snprintf(prog, sizeof prog, "%s/berth", build);
@@ -86,6 +98,8 @@ int st_start(st_server *s, const char *script_lua, const char *const *extra)
   argv[n++] = tokens;
   argv[n++] = "--model";
   argv[n++] = model;
+  argv[n++] = "--state-dir";    /* the default store, sqlite:<dir>/berth.db */
+  argv[n++] = s->dir;
   for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++)
     argv[n++] = extra[i];
   argv[n] = NULL;
@@ -101,7 +115,7 @@ int st_start(st_server *s, const char *script_lua, const char *const *extra)
     if (getppid() != parent)
       _exit(1);
     dup2(fds[1], STDOUT_FILENO);
-    int logfd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int logfd = open(s->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (logfd >= 0)
       dup2(logfd, STDERR_FILENO);
     execvp(argv[0], (char *const *)argv);
@@ -140,6 +154,25 @@ int st_start(st_server *s, const char *script_lua, const char *const *extra)
   free(log);
   st_stop(s);
   return -1;
+}
+
+int st_restart(st_server *s, int sig, const char *const *extra)
+{
+  int status = -1;
+  if (s->pid > 0) {
+    kill(s->pid, sig);
+    status = st_wait_exit(s, 20);
+    if (status < 0)
+      return -1;
+  }
+  if (s->out_fd >= 0)
+    close(s->out_fd);
+  if (s->pidfd >= 0)
+    close(s->pidfd);
+  s->out_fd = s->pidfd = -1;
+  if (spawn(s, extra) != 0)
+    return -1;
+  return status;
 }
 
 int st_wait_exit(st_server *s, double seconds)
@@ -188,7 +221,8 @@ int st_stop(st_server *s)
   s->out_fd = s->pidfd = -1;
   if (s->dir[0]) {
     char path[192];
-    static const char *const files[] = {"tokens", "script.lua", "serve.log"};
+    static const char *const files[] = {"tokens", "script.lua", "serve.log", "berth.db",
+                                        "berth.db-wal", "berth.db-shm"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
       snprintf(path, sizeof path, "%s/%s", s->dir, files[i]);
       unlink(path);

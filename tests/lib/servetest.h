@@ -30,6 +30,11 @@ typedef struct st_server {
  * arguments (daemon options, limits).  Waits (10 s at most) for its `listening` line.
  * Returns 0, or -1 with a message on stderr.  The child dies with the test process. */
 int st_start(st_server *s, const char *script_lua, const char *const *extra);
+/* Stops the server with signal `sig` (SIGTERM, SIGKILL), waits for it (20 s at most)
+ * and starts it again on the same tokens, script and state directory (so the same
+ * default store) with these extra arguments.  Returns the old server's exit status
+ * (as st_wait_exit), or -1 if it did not exit or the new one did not start. */
+int st_restart(st_server *s, int sig, const char *const *extra);
 /* Waits up to `seconds` for the server to exit; its exit status (0..255), 128+signal,
  * or -1 if it did not exit in time. */
 int st_wait_exit(st_server *s, double seconds);

@@ -1,0 +1,231 @@
+/*
+ * store.h — where conversations outlive the process: one small C interface with an
+ * engine behind it, chosen by URL.
+ *
+ *   "memory"           in this process only (tests, `berth replay`)
+ *   "sqlite:PATH"      an SQLite file (WAL, synchronous=FULL): the embedded default
+ *   "postgresql://…"   one database for many hosts (libpq's URL; store_pg.c)
+ *
+ * What it keeps, per conversation (berth_store_conv): its public id, the caller (a
+ * digest of the bearer token that opened it), the owner (userId), the run id, the
+ * metadata and the hook-owned state (JSON texts), a status, timestamps, the number of
+ * turns, the turn running now (0: none), the number of messages and of events.  Then
+ * its message history (ctx.messages: one JSON text per message, in order, numbered
+ * from 0) and its events (the SSE stream: numbered from 1 per conversation, each with
+ * its turn number, a kind and a JSON text).  The store knows nothing of Lua, HTTP or
+ * the shape of a message: it keeps texts.  Sandboxes are never stored: a session id
+ * is a capability and never leaves the process.
+ *
+ * Threading: a store is used from its loop's thread only (the host's libev loop),
+ * like everything in berth.h.  No global state; any number of stores per process.
+ *
+ * Writes are queued, never applied on the spot: every write made during one
+ * iteration of the loop is applied in ONE transaction just before the loop next
+ * waits (an ev_prepare watcher), so a turn never waits for its own fsync and a burst
+ * of turns shares one.  A flush applies at most BERTH_STORE_BATCH_MAX operations (what
+ * is left goes in the next iteration), which bounds how long the loop is held; the
+ * time each flush took is in berth_store_stats.  When a write must be durable before
+ * something happens (a user message before its stream is acknowledged), queue it and
+ * then berth_store_sync: `done` runs from the loop once the transaction holding
+ * everything queued before it committed (or failed, with the error).
+ *
+ * Reads are synchronous in this version (SQLite answers from its page cache in
+ * microseconds): each first applies what is queued, so a read sees every earlier
+ * write.  They return an error value or NULL.
+ *
+ * Errors are values: a berth_error (berth.h) with a stable code — "unavailable" (the
+ * store cannot be reached or written: a full disk, a locked or unreadable file),
+ * "data_loss" (a file that is not a berth store, or is corrupt), "version" (a store
+ * written by a newer berth), "invalid_argument" (a bad URL) — and a message a person
+ * can act on.  Free it with berth_error_free.
+ *
+ * Ownership: strings passed in are copied; records and arrays returned are the
+ * caller's (free them with the matching _free functions).
+ *
+ * The place for later steps:
+ *   - PostgreSQL (asynchronous libpq on the same loop, pipelined): an engine's apply
+ *     already reports its end through berth_store_batch_done (store_engine.h), so an
+ *     engine may commit later, from the loop; reads get _async forms taking a
+ *     callback, the synchronous ones staying for SQLite and memory.
+ *
+ * Leases (schema version 2; docs/many-hosts.md): see the section at the end.
+ */
+#ifndef BERTH_STORE_H
+#define BERTH_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "berth.h"
+
+struct ev_loop;
+
+/* The schema this binary writes; a store at a newer version is refused ("version"). */
+#define BERTH_STORE_SCHEMA 2
+/* The most write operations one flush applies (the rest wait one loop iteration). */
+#define BERTH_STORE_BATCH_MAX 4096
+
+typedef enum berth_store_status {
+  BERTH_STORE_OPEN,              /* between turns, or running one */
+  BERTH_STORE_SUSPENDED,         /* idle: onSuspend ran, no sandbox */
+  BERTH_STORE_COMPLETED,         /* onComplete ran: takes no more messages */
+  BERTH_STORE_INTERRUPTED        /* its host died during a turn (marked at next open) */
+} berth_store_status;
+
+const char *berth_store_status_name(berth_store_status st);
+/* Wall-clock Unix milliseconds (the records' timestamps). */
+int64_t berth_store_now_ms(void);
+
+typedef struct berth_store_conv {
+  char *id;                      /* the public id (primary key) */
+  char *caller;                  /* who may see it: a digest of the caller's token */
+  char *owner;                   /* userId, or NULL */
+  char *run_id;
+  char *metadata;                /* JSON object text, or NULL */
+  char *state;                   /* the hooks' ctx.state as JSON text, or NULL */
+  berth_store_status status;
+  int64_t created_ms, updated_ms;/* Unix milliseconds */
+  uint32_t turns;                /* turns started */
+  uint32_t running_turn;         /* the turn running now; 0 = none */
+  uint32_t n_messages;           /* messages stored (0 .. n-1) */
+  uint64_t last_event;           /* the last event's number; 0 = none */
+  uint64_t order;                /* assigned by the store at first write: newer is larger */
+  char *lease_holder;            /* read only (put_conv leaves the lease alone): the host */
+  int64_t lease_expiry_ms;       /*   holding it, or NULL; until when (the store's clock) */
+} berth_store_conv;
+
+/* Frees the strings of a record (not the record itself) and zeroes it. */
+void berth_store_conv_clear(berth_store_conv *r);
+/* A deep copy into *dst. */
+void berth_store_conv_copy(berth_store_conv *dst, const berth_store_conv *src);
+
+typedef struct berth_store_event {
+  uint64_t seq;                  /* 1, 2, … per conversation */
+  uint32_t turn;
+  char *kind;                    /* "user", "delta", "turn_end", … (the face's names) */
+  char *data;                    /* JSON text */
+} berth_store_event;
+
+typedef struct berth_store_stats {
+  uint64_t flushes, ops, failures;
+  double flush_seconds_max;      /* the longest one flush held the loop */
+  double flush_seconds_sum;
+} berth_store_stats;
+
+typedef void (*berth_store_done_fn)(void *ud, const berth_error *err);
+
+/* Opens (creating when needed, migrating an older schema) the store at `url`, with
+ * its flushes on `loop`.  Errors: "invalid_argument", "unavailable", "data_loss",
+ * "version". */
+berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store **out);
+/* Applies what is queued (failures are logged to stderr), then closes. */
+void berth_store_free(berth_store *s);
+/* "memory", "sqlite", "postgresql". */
+const char *berth_store_engine_name(const berth_store *s);
+void berth_store_get_stats(const berth_store *s, berth_store_stats *out);
+
+/* {====================================================== writes (queued) */
+
+/* Creates or replaces the conversation's record (order is kept once assigned). */
+void berth_store_put_conv(berth_store *s, const berth_store_conv *r);
+/* Messages first .. first+n-1 of conversation `id` (JSON texts, copied).  With
+ * `replace`, every stored message of the conversation is dropped first (the history
+ * was rewritten; `first` is then 0). */
+void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
+                              const char *const *json, size_t n, bool replace);
+/* Event `seq` of the conversation (kind and JSON text copied). */
+void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_t turn,
+                           const char *kind, const char *json);
+/* `done` runs from the loop once everything queued so far is durable, or failed. */
+void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud);
+/* Applies what is queued now, from the caller's stack; NULL or the error. */
+berth_error *berth_store_flush(berth_store *s);
+
+/* }====================================================== */
+
+/* {====================================================== reads (synchronous) */
+
+/* *found false (and *out zeroed) when there is no such conversation. */
+berth_error *berth_store_get_conv(berth_store *s, const char *id, berth_store_conv *out,
+                                  bool *found);
+/* The caller's conversations, newest first: at most `limit`, all older than `before`
+ * (an `order`; 0 = from the newest).  The next page is before = the last one's order. */
+berth_error *berth_store_list_convs(berth_store *s, const char *caller, uint64_t before,
+                                    size_t limit, berth_store_conv **out, size_t *n);
+void berth_store_convs_free(berth_store_conv *v, size_t n);
+/* The whole history, in order (malloc'd array of malloc'd texts). */
+berth_error *berth_store_load_messages(berth_store *s, const char *id, char ***out,
+                                       size_t *n);
+void berth_store_texts_free(char **v, size_t n);
+/* Events numbered after `after`, in order, at most `limit` (0: all). */
+berth_error *berth_store_read_events(berth_store *s, const char *id, uint64_t after,
+                                     size_t limit, berth_store_event **out, size_t *n);
+void berth_store_events_free(berth_store_event *v, size_t n);
+
+/* }====================================================== */
+
+/* {====================================================== recovery */
+
+/* For one host alone on its store, at start: every conversation with a turn running
+ * (its host died in it) gets, for that turn, an "error" event {code "interrupted",
+ * message} and a "turn_end" event {turn, ok false, interrupted true}, status
+ * INTERRUPTED and no running turn.  Touches only those conversations (an index of
+ * running turns; no scan of the others).  *n: how many.  (With many hosts this runs
+ * per conversation whose lease expired.) */
+berth_error *berth_store_mark_interrupted(berth_store *s, size_t *n);
+
+/* }====================================================== */
+
+/* {====================================================== leases */
+
+/*
+ * A lease says which host may run a conversation's turns: a holder (a host id, at most
+ * BERTH_STORE_HOST_MAX bytes) and an expiry, kept in the conversation's row.  A host
+ * takes it before it stores a message, renews every lease it holds while it lives, and
+ * releases it once the turn's end is stored; a host that dies (SIGKILL) loses its
+ * leases at expiry.  All three are conditional updates, so two hosts never both hold
+ * one lease:
+ *   UPDATE … WHERE id = ? AND (holder IS NULL OR expiry < now OR holder = me)
+ * They are queued with the writes and applied in order in the same transactions (a
+ * release queued after a turn's end is applied after it).  PostgreSQL's statements use
+ * the server's clock (hosts' clocks may differ); SQLite and memory the host's.
+ */
+
+#define BERTH_STORE_HOST_MAX 63
+
+typedef struct berth_store_lease {
+  bool found;                    /* the conversation is stored (else nothing else is set) */
+  bool taken;                    /* the caller holds the lease now */
+  char holder[BERTH_STORE_HOST_MAX + 1];  /* who holds it now ("" none) */
+  int64_t expiry_ms;
+  /* the row as it is now: whether other hosts ran turns since the caller's copy, and
+   * whether a turn was left running by a holder whose lease expired */
+  uint32_t turns, running_turn;
+  uint64_t last_event;
+} berth_store_lease;
+
+typedef void (*berth_store_lease_fn)(void *ud, const berth_error *err,
+                                     const berth_store_lease *lease);
+
+/* Takes (or extends) conversation id's lease for `host` for ttl_ms, if nobody else
+ * holds it unexpired.  `done` runs from the loop once the transaction holding it
+ * committed: err NULL and *lease (taken or not), or the error (nothing was taken). */
+void berth_store_lease_take(berth_store *s, const char *id, const char *host,
+                            int64_t ttl_ms, berth_store_lease_fn done, void *ud);
+/* Every lease `host` holds now expires ttl_ms from now (one statement).  `done` (may
+ * be NULL) runs once committed or failed; a failed renewal is not tried again. */
+void berth_store_lease_renew(berth_store *s, const char *host, int64_t ttl_ms,
+                             berth_store_done_fn done, void *ud);
+/* Frees the lease if `host` holds it (a queued write: kept and tried again on failure). */
+void berth_store_lease_release(berth_store *s, const char *id, const char *host);
+/* Frees every lease (a host alone on its store, at start: its predecessor's). */
+void berth_store_lease_clear_all(berth_store *s);
+
+/* berth_store_mark_interrupted for one conversation (a lease taken over from a host
+ * that died in a turn): *marked whether it had a turn running. */
+berth_error *berth_store_mark_interrupted_one(berth_store *s, const char *id, bool *marked);
+
+/* }====================================================== */
+
+#endif

@@ -1,0 +1,1144 @@
+/*
+ * test_store.c — the conversation store (runtime/store/store.h) through its public
+ * interface: every behavioural case runs against each engine ("memory" and a real
+ * SQLite file in a temporary directory), and the SQLite-only cases (durable across
+ * reopening, a newer schema, a corrupt or foreign file) against real files.  Then the
+ * same cases against a private PostgreSQL cluster this program starts (tests/lib/
+ * pgtest.h: initdb + pg_ctl on a unix socket in a temporary directory, a fresh
+ * schema per test), and the PostgreSQL-only ones: a newer schema, a foreign
+ * database, the server stopped mid-run, two handles as two hosts would have.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <ev.h>
+#include <libpq-fe.h>
+#include <sqlite3.h>
+
+#include "pgtest.h"
+#include "store/store.h"
+
+static pgtest cluster;           /* the PostgreSQL group's server */
+
+typedef struct fixture {
+  const char *engine;            /* "memory", "sqlite" or "postgresql" */
+  char dir[64];
+  char url[200];
+  char path[128];
+  struct ev_loop *loop;
+  berth_store *s;
+} fixture;
+
+static int setup(void **state)
+{
+  fixture *f = *state;
+  snprintf(f->dir, sizeof f->dir, "/tmp/berth-store-XXXXXX");
+  if (!mkdtemp(f->dir))
+    return -1;
+  snprintf(f->path, sizeof f->path, "%s/berth.db", f->dir);
+  if (!strcmp(f->engine, "memory"))
+    snprintf(f->url, sizeof f->url, "memory");
+  else if (!strcmp(f->engine, "postgresql")) {
+    if (pgtest_fresh_url(&cluster, f->url, sizeof f->url) != 0)
+      return -1;
+  } else
+    snprintf(f->url, sizeof f->url, "sqlite:%s", f->path);
+  f->loop = ev_loop_new(EVFLAG_AUTO);
+  berth_error *e = berth_store_open(f->loop, f->url, &f->s);
+  if (e) {
+    fprintf(stderr, "%s\n", e->message);
+    berth_error_free(e);
+    return -1;
+  }
+  return 0;
+}
+
+static int teardown(void **state)
+{
+  fixture *f = *state;
+  if (!strcmp(f->engine, "postgresql") && !cluster.running &&
+      pgtest_restart_server(&cluster) != 0)
+    return -1;                  /* a test that stopped it failed half-way */
+  berth_store_free(f->s);
+  f->s = NULL;
+  ev_loop_destroy(f->loop);
+  char p[200];
+  static const char *const names[] = {"berth.db", "berth.db-wal", "berth.db-shm"};
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(p, sizeof p, "%s/%s", f->dir, names[i]);
+    unlink(p);
+  }
+  rmdir(f->dir);
+  return 0;
+}
+
+static void no_error(berth_error *e)
+{
+  if (e)
+    fail_msg("store error %s: %s", e->code, e->message);
+}
+
+static berth_store_conv record(const char *id, const char *caller)
+{
+  berth_store_conv r = {0};
+  r.id = (char *)id;
+  r.caller = (char *)caller;
+  r.run_id = (char *)"conv-1";
+  r.status = BERTH_STORE_OPEN;
+  r.created_ms = r.updated_ms = berth_store_now_ms();
+  return r;
+}
+
+/* {====================================================== every engine */
+
+static void test_round_trip_of_a_conversation(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("c1", "k0000aaaa");
+  r.owner = (char *)"k0000aaaa:alice";
+  r.metadata = (char *)"{\"persona\":\"smith\"}";
+  r.state = (char *)"{\"visits\":3,\"seen\":[\"bob\"]}";
+  r.status = BERTH_STORE_SUSPENDED;
+  r.turns = 7;
+  r.n_messages = 2;
+  r.last_event = 2;
+  berth_store_put_conv(f->s, &r);
+  const char *msgs[] = {"{\"role\":\"user\",\"content\":\"hi\"}",
+                        "{\"role\":\"assistant\",\"content\":\"h\\u00e9\"}"};
+  berth_store_put_messages(f->s, "c1", 0, msgs, 2, false);
+  berth_store_put_event(f->s, "c1", 1, 7, "user", "\"hi\"");
+  berth_store_put_event(f->s, "c1", 2, 7, "turn_end", "{\"turn\":7,\"ok\":true}");
+
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "c1", &got, &found));
+  assert_true(found);
+  assert_string_equal(got.id, "c1");
+  assert_string_equal(got.caller, "k0000aaaa");
+  assert_string_equal(got.owner, "k0000aaaa:alice");
+  assert_string_equal(got.run_id, "conv-1");
+  assert_string_equal(got.metadata, r.metadata);
+  assert_string_equal(got.state, r.state);
+  assert_int_equal(got.status, BERTH_STORE_SUSPENDED);
+  assert_int_equal(got.turns, 7);
+  assert_int_equal(got.n_messages, 2);
+  assert_int_equal(got.last_event, 2);
+  assert_int_equal(got.created_ms, r.created_ms);
+  assert_true(got.order > 0);
+  berth_store_conv_clear(&got);
+
+  char **m;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "c1", &m, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(m[0], msgs[0]);
+  assert_string_equal(m[1], msgs[1]);
+  berth_store_texts_free(m, n);
+
+  no_error(berth_store_get_conv(f->s, "nope", &got, &found));
+  assert_false(found);
+  no_error(berth_store_load_messages(f->s, "nope", &m, &n));
+  assert_int_equal(n, 0);
+}
+
+static void test_messages_and_events_keep_their_order(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("c2", "k1");
+  berth_store_put_conv(f->s, &r);
+  char buf[64];
+  for (unsigned i = 0; i < 50; i++) {     /* appended in pieces, as turns end */
+    snprintf(buf, sizeof buf, "{\"i\":%u}", i);
+    const char *one = buf;
+    berth_store_put_messages(f->s, "c2", i, &one, 1, false);
+    berth_store_put_event(f->s, "c2", i + 1, i / 10 + 1, "delta", buf);
+  }
+  char **m;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "c2", &m, &n));
+  assert_int_equal(n, 50);
+  for (unsigned i = 0; i < 50; i++) {
+    snprintf(buf, sizeof buf, "{\"i\":%u}", i);
+    assert_string_equal(m[i], buf);
+  }
+  berth_store_texts_free(m, n);
+
+  berth_store_event *ev;
+  no_error(berth_store_read_events(f->s, "c2", 0, 0, &ev, &n));
+  assert_int_equal(n, 50);
+  for (unsigned i = 0; i < 50; i++) {
+    assert_int_equal(ev[i].seq, i + 1);
+    assert_int_equal(ev[i].turn, i / 10 + 1);
+    assert_string_equal(ev[i].kind, "delta");
+  }
+  berth_store_events_free(ev, n);
+  no_error(berth_store_read_events(f->s, "c2", 45, 0, &ev, &n));   /* Last-Event-ID 45 */
+  assert_int_equal(n, 5);
+  assert_int_equal(ev[0].seq, 46);
+  berth_store_events_free(ev, n);
+  no_error(berth_store_read_events(f->s, "c2", 10, 3, &ev, &n));
+  assert_int_equal(n, 3);
+  assert_int_equal(ev[2].seq, 13);
+  berth_store_events_free(ev, n);
+
+  /* A rewritten history replaces the stored one. */
+  const char *two[] = {"\"summary\"", "\"last\""};
+  berth_store_put_messages(f->s, "c2", 0, two, 2, true);
+  no_error(berth_store_load_messages(f->s, "c2", &m, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(m[0], "\"summary\"");
+  assert_string_equal(m[1], "\"last\"");
+  berth_store_texts_free(m, n);
+}
+
+static void test_list_is_the_callers_own_newest_first_in_pages(void **state)
+{
+  fixture *f = *state;
+  char id[32];
+  for (int i = 0; i < 25; i++) {
+    snprintf(id, sizeof id, "a%02d", i);
+    berth_store_conv r = record(id, "kA");
+    berth_store_put_conv(f->s, &r);
+    if (i % 5 == 0) {           /* a caller B conversation now and then */
+      snprintf(id, sizeof id, "b%02d", i);
+      berth_store_conv rb = record(id, "kB");
+      berth_store_put_conv(f->s, &rb);
+    }
+  }
+  /* an update keeps a conversation's place */
+  berth_store_conv again = record("a03", "kA");
+  again.turns = 9;
+  berth_store_put_conv(f->s, &again);
+
+  uint64_t before = 0;
+  int seen = 0, pages = 0, expect = 24;
+  for (;;) {
+    berth_store_conv *v;
+    size_t n;
+    no_error(berth_store_list_convs(f->s, "kA", before, 10, &v, &n));
+    if (n == 0) {
+      free(v);
+      break;
+    }
+    pages++;
+    for (size_t i = 0; i < n; i++) {
+      snprintf(id, sizeof id, "a%02d", expect--);
+      assert_string_equal(v[i].id, id);          /* newest first, no gap, no repeat */
+      assert_string_equal(v[i].caller, "kA");
+      if (!strcmp(id, "a03"))
+        assert_int_equal(v[i].turns, 9);
+      seen++;
+    }
+    before = v[n - 1].order;
+    berth_store_convs_free(v, n);
+  }
+  assert_int_equal(seen, 25);
+  assert_int_equal(pages, 3);
+  berth_store_conv *v;
+  size_t n;
+  no_error(berth_store_list_convs(f->s, "kB", 0, 100, &v, &n));
+  assert_int_equal(n, 5);
+  berth_store_convs_free(v, n);
+  no_error(berth_store_list_convs(f->s, "kC", 0, 100, &v, &n));
+  assert_int_equal(n, 0);
+  berth_store_convs_free(v, n);
+}
+
+static void test_running_turns_are_marked_interrupted(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("busy", "k1");
+  r.turns = 3;
+  r.running_turn = 3;
+  r.last_event = 4;
+  berth_store_put_conv(f->s, &r);
+  berth_store_put_event(f->s, "busy", 4, 3, "user", "\"hello\"");
+  berth_store_put_event(f->s, "busy", 5, 3, "delta", "\"h\"");   /* after the record */
+  berth_store_conv q = record("quiet", "k1");
+  q.turns = 2;
+  q.last_event = 6;
+  berth_store_put_conv(f->s, &q);
+
+  size_t n;
+  no_error(berth_store_mark_interrupted(f->s, &n));
+  assert_int_equal(n, 1);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "busy", &got, &found));
+  assert_true(found);
+  assert_int_equal(got.status, BERTH_STORE_INTERRUPTED);
+  assert_int_equal(got.running_turn, 0);
+  assert_int_equal(got.last_event, 7);
+  berth_store_conv_clear(&got);
+  berth_store_event *ev;
+  no_error(berth_store_read_events(f->s, "busy", 5, 0, &ev, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(ev[0].kind, "error");
+  assert_non_null(strstr(ev[0].data, "\"code\":\"interrupted\""));
+  assert_int_equal(ev[0].turn, 3);
+  assert_string_equal(ev[1].kind, "turn_end");
+  assert_non_null(strstr(ev[1].data, "\"ok\":false"));
+  berth_store_events_free(ev, n);
+  no_error(berth_store_get_conv(f->s, "quiet", &got, &found));
+  assert_int_equal(got.status, BERTH_STORE_OPEN);
+  assert_int_equal(got.last_event, 6);
+  berth_store_conv_clear(&got);
+  /* a second start finds nothing more to mark */
+  no_error(berth_store_mark_interrupted(f->s, &n));
+  assert_int_equal(n, 0);
+}
+
+static void on_deadline(struct ev_loop *loop, ev_timer *t, int revents)
+{
+  (void)t;
+  (void)revents;
+  ev_break(loop, EVBREAK_ALL);
+}
+
+/* Runs the loop until *counter reaches want, at most 15 s (then the caller's assertion
+ * fails: the engine did not answer). */
+static void run_until(struct ev_loop *loop, int *counter, int want)
+{
+  ev_timer deadline;
+  ev_timer_init(&deadline, on_deadline, 15.0, 0.0);
+  ev_timer_start(loop, &deadline);
+  while (*counter < want && ev_is_active(&deadline))
+    ev_run(loop, EVRUN_ONCE);
+  ev_timer_stop(loop, &deadline);
+}
+
+typedef struct sync_seen {
+  int calls;
+  bool had_error;
+  char code[32];                 /* the error's code */
+  struct ev_loop *loop;          /* run_until's: stopped once called */
+  berth_store *other;            /* a second connection to the same file, or NULL */
+  bool visible_to_other;
+} sync_seen;
+
+static void on_synced(void *ud, const berth_error *err)
+{
+  sync_seen *w = ud;
+  w->calls++;
+  w->had_error = err != NULL;
+  snprintf(w->code, sizeof w->code, "%s", err ? err->code : "");
+  if (w->loop)
+    ev_break(w->loop, EVBREAK_ONE);
+  if (w->other) {
+    berth_store_conv got;
+    bool found = false;
+    berth_error *e = berth_store_get_conv(w->other, "durable", &got, &found);
+    berth_error_free(e);
+    w->visible_to_other = found;
+    berth_store_conv_clear(&got);
+  }
+}
+
+/* Writes of one loop iteration share one transaction; a sync callback runs from the
+ * loop, after the commit (with SQL: another connection already sees the row). */
+static void test_one_flush_per_iteration_and_sync_after_commit(void **state)
+{
+  fixture *f = *state;
+  berth_store_stats before, after;
+  berth_store_get_stats(f->s, &before);
+  sync_seen w = {0};
+  if (strcmp(f->engine, "memory"))
+    no_error(berth_store_open(NULL, f->url, &w.other));
+  berth_store_conv r = record("durable", "k1");
+  berth_store_put_conv(f->s, &r);
+  for (unsigned i = 1; i <= 200; i++)
+    berth_store_put_event(f->s, "durable", i, 1, "delta", "\"x\"");
+  berth_store_sync(f->s, on_synced, &w);
+  assert_int_equal(w.calls, 0);             /* never from the caller's stack */
+  ev_run(f->loop, EVRUN_NOWAIT);
+  if (!strcmp(f->engine, "postgresql")) {
+    /* Asynchronous: that iteration sent the batch and went on; the commit is
+     * answered on the socket later, and only then is the callback called. */
+    assert_int_equal(w.calls, 0);
+    w.loop = f->loop;
+    run_until(f->loop, &w.calls, 1);
+  }
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  if (w.other)
+    assert_true(w.visible_to_other);
+  berth_store_get_stats(f->s, &after);
+  assert_int_equal(after.flushes - before.flushes, 1);
+  assert_int_equal(after.ops - before.ops, 202);
+  assert_true(after.flush_seconds_max > 0);
+  berth_store_free(w.other);
+}
+
+/* }====================================================== */
+
+/* {====================================================== leases */
+
+typedef struct lease_seen {
+  int calls;
+  bool had_error;
+  berth_store_lease lease;
+} lease_seen;
+
+static void on_lease(void *ud, const berth_error *err, const berth_store_lease *l)
+{
+  lease_seen *w = ud;
+  w->calls++;
+  w->had_error = err != NULL;
+  if (l)
+    w->lease = *l;
+}
+
+/* Takes (or tries) the lease on handle s and runs the loop until it is answered. */
+static berth_store_lease take(berth_store *s, struct ev_loop *loop, const char *id,
+                              const char *host, int64_t ttl_ms)
+{
+  lease_seen w = {0};
+  berth_store_lease_take(s, id, host, ttl_ms, on_lease, &w);
+  assert_int_equal(w.calls, 0);             /* never from the caller's stack */
+  run_until(loop, &w.calls, 1);
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  return w.lease;
+}
+
+static void stored_conv(fixture *f, const char *id)
+{
+  berth_store_conv r = record(id, "k1");
+  r.turns = 3;
+  r.last_event = 9;
+  berth_store_put_conv(f->s, &r);
+  no_error(berth_store_flush(f->s));
+}
+
+/* A second handle on the same store, as another host has (memory: the same one). */
+static berth_store *second_handle(fixture *f, struct ev_loop **loop2)
+{
+  *loop2 = f->loop;
+  if (!strcmp(f->engine, "memory"))
+    return f->s;
+  *loop2 = ev_loop_new(EVFLAG_AUTO);
+  berth_store *other = NULL;
+  no_error(berth_store_open(*loop2, f->url, &other));
+  return other;
+}
+
+static void close_second(fixture *f, berth_store *other, struct ev_loop *loop2)
+{
+  if (other == f->s)
+    return;
+  berth_store_free(other);
+  ev_loop_destroy(loop2);
+}
+
+/* Two hosts (two handles) never both hold one lease: the second is told who holds it
+ * and until when; the holder takes it again (extends it); the row's turns and last
+ * event come back with the answer. */
+static void test_lease_two_hosts_never_both_hold_one(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "L1");
+  struct ev_loop *loop2;
+  berth_store *other = second_handle(f, &loop2);
+
+  berth_store_lease a = take(f->s, f->loop, "L1", "host-a", 60000);
+  assert_true(a.found);
+  assert_true(a.taken);
+  assert_string_equal(a.holder, "host-a");
+  assert_int_equal(a.turns, 3);
+  assert_int_equal(a.last_event, 9);
+  assert_int_equal(a.running_turn, 0);
+  assert_true(a.expiry_ms > berth_store_now_ms() + 50000);
+
+  berth_store_lease b = take(other, loop2, "L1", "host-b", 60000);
+  assert_true(b.found);
+  assert_false(b.taken);
+  assert_string_equal(b.holder, "host-a");
+  assert_true(b.expiry_ms == a.expiry_ms);
+
+  berth_store_lease a2 = take(f->s, f->loop, "L1", "host-a", 60000);
+  assert_true(a2.taken);
+  assert_true(a2.expiry_ms >= a.expiry_ms);
+
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(other, "L1", &got, &found));
+  assert_true(found);
+  assert_string_equal(got.lease_holder, "host-a");
+  assert_int_equal(got.turns, 3);
+  berth_store_conv_clear(&got);
+
+  /* a record's write leaves the lease alone */
+  berth_store_conv r = record("L1", "k1");
+  r.turns = 4;
+  berth_store_put_conv(f->s, &r);
+  no_error(berth_store_flush(f->s));
+  b = take(other, loop2, "L1", "host-b", 60000);
+  assert_false(b.taken);
+  assert_int_equal(b.turns, 4);
+
+  berth_store_lease none = take(f->s, f->loop, "no-such", "host-a", 60000);
+  assert_false(none.found);
+  assert_false(none.taken);
+  close_second(f, other, loop2);
+}
+
+/* A lease its holder stopped renewing is taken over once it expired, and the former
+ * holder then cannot take it back. */
+static void test_lease_expired_is_taken_over(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "L2");
+  struct ev_loop *loop2;
+  berth_store *other = second_handle(f, &loop2);
+  berth_store_lease a = take(f->s, f->loop, "L2", "host-a", 1);
+  assert_true(a.taken);
+  /* waiting for the expiry is the condition under test: the store's clock passing it */
+  while (berth_store_now_ms() <= a.expiry_ms + 2) {
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  berth_store_lease b = take(other, loop2, "L2", "host-b", 60000);
+  assert_true(b.taken);
+  assert_string_equal(b.holder, "host-b");
+  berth_store_lease a2 = take(f->s, f->loop, "L2", "host-a", 60000);
+  assert_false(a2.taken);
+  assert_string_equal(a2.holder, "host-b");
+  close_second(f, other, loop2);
+}
+
+static void on_renewed(void *ud, const berth_error *err)
+{
+  sync_seen *w = ud;
+  w->calls++;
+  w->had_error = err != NULL;
+}
+
+/* Renewing extends every lease of that host (and only that host's). */
+static void test_lease_renew_extends_the_hosts_leases(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "R1");
+  stored_conv(f, "R2");
+  stored_conv(f, "R3");
+  berth_store_lease a1 = take(f->s, f->loop, "R1", "host-a", 1000);
+  berth_store_lease a2 = take(f->s, f->loop, "R2", "host-a", 1000);
+  berth_store_lease b3 = take(f->s, f->loop, "R3", "host-b", 1000);
+  assert_true(a1.taken && a2.taken && b3.taken);
+  sync_seen w = {0};
+  berth_store_lease_renew(f->s, "host-a", 600000, on_renewed, &w);
+  run_until(f->loop, &w.calls, 1);
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  const char *ids[] = {"R1", "R2", "R3"};
+  for (int i = 0; i < 3; i++) {
+    berth_store_conv got;
+    bool found;
+    no_error(berth_store_get_conv(f->s, ids[i], &got, &found));
+    assert_true(found);
+    if (i < 2)
+      assert_true(got.lease_expiry_ms > a1.expiry_ms + 500000);
+    else
+      assert_true(got.lease_expiry_ms <= b3.expiry_ms);
+    berth_store_conv_clear(&got);
+  }
+}
+
+/* Releasing frees the lease for anyone, but only its holder's release counts; clearing
+ * frees every lease. */
+static void test_lease_release_frees_it(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "F1");
+  stored_conv(f, "F2");
+  assert_true(take(f->s, f->loop, "F1", "host-a", 60000).taken);
+  berth_store_lease_release(f->s, "F1", "host-b");          /* not its holder */
+  assert_false(take(f->s, f->loop, "F1", "host-b", 60000).taken);
+  berth_store_lease_release(f->s, "F1", "host-a");
+  berth_store_lease b = take(f->s, f->loop, "F1", "host-b", 60000);
+  assert_true(b.taken);
+  berth_store_conv got;
+  bool found;
+  assert_true(take(f->s, f->loop, "F2", "host-c", 60000).taken);
+  berth_store_lease_clear_all(f->s);
+  no_error(berth_store_flush(f->s));
+  no_error(berth_store_get_conv(f->s, "F2", &got, &found));
+  assert_null(got.lease_holder);
+  berth_store_conv_clear(&got);
+  assert_true(take(f->s, f->loop, "F1", "host-d", 60000).taken);
+}
+
+/* A lease taken over from a host that died in a turn: that one conversation's turn is
+ * marked interrupted, as at a single host's restart. */
+static void test_lease_takeover_marks_that_turn_interrupted(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("T1", "k1");
+  r.turns = 2;
+  r.running_turn = 2;
+  r.last_event = 5;
+  berth_store_put_conv(f->s, &r);
+  berth_store_put_event(f->s, "T1", 6, 2, "delta", "\"d\"");
+  berth_store_conv q = record("T2", "k1");
+  q.running_turn = 1;
+  berth_store_put_conv(f->s, &q);
+  no_error(berth_store_flush(f->s));
+  berth_store_lease l = take(f->s, f->loop, "T1", "host-b", 60000);
+  assert_true(l.taken);
+  assert_int_equal(l.running_turn, 2);
+  bool marked = false;
+  no_error(berth_store_mark_interrupted_one(f->s, "T1", &marked));
+  assert_true(marked);
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "T1", 6, 0, &ev, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(ev[0].kind, "error");
+  assert_non_null(strstr(ev[0].data, "\"interrupted\""));
+  assert_string_equal(ev[1].kind, "turn_end");
+  assert_int_equal(ev[1].turn, 2);
+  berth_store_events_free(ev, n);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "T1", &got, &found));
+  assert_int_equal(got.running_turn, 0);
+  assert_int_equal(got.status, BERTH_STORE_INTERRUPTED);
+  assert_string_equal(got.lease_holder, "host-b");         /* still the taker's */
+  berth_store_conv_clear(&got);
+  no_error(berth_store_get_conv(f->s, "T2", &got, &found));
+  assert_int_equal(got.running_turn, 1);                    /* another one: untouched */
+  berth_store_conv_clear(&got);
+  no_error(berth_store_mark_interrupted_one(f->s, "T1", &marked));
+  assert_false(marked);
+}
+
+/* The schema version 1 (before leases) as it was, for the migration tests. */
+static const char downgrade_to_1[] =
+  "DROP INDEX conversations_leased;"
+  "ALTER TABLE conversations DROP COLUMN lease_holder;"
+  "ALTER TABLE conversations DROP COLUMN lease_expiry_ms;"
+  "UPDATE schema_version SET version = 1;"
+  "INSERT INTO conversations (id, caller, run_id, status, created_ms, updated_ms, turns,"
+  " last_event) VALUES ('old', 'k1', 'conv-old', 'suspended', 1, 2, 7, 30);";
+
+/* A version 1 store is migrated to 2 at open: its conversations kept, leases work. */
+static void check_migrated(fixture *f)
+{
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "old", &got, &found));
+  assert_true(found);
+  assert_int_equal(got.turns, 7);
+  assert_int_equal(got.status, BERTH_STORE_SUSPENDED);
+  assert_null(got.lease_holder);
+  berth_store_conv_clear(&got);
+  berth_store_lease l = take(f->s, f->loop, "old", "host-a", 60000);
+  assert_true(l.taken);
+  assert_int_equal(l.last_event, 30);
+}
+
+/* {====================================================== SQLite files */
+
+static void sql_on_file(const char *path, const char *text)
+{
+  sqlite3 *db;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  char *err = NULL;
+  if (sqlite3_exec(db, text, NULL, NULL, &err) != SQLITE_OK)
+    fail_msg("%s: %s", text, err);
+  sqlite3_close(db);
+}
+
+static int version_on_file(const char *path)
+{
+  sqlite3 *db;
+  sqlite3_stmt *q;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &q,
+                                      NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+  int v = sqlite3_column_int(q, 0);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  return v;
+}
+
+static void test_sqlite_keeps_everything_across_reopening(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("kept", "k1");
+  r.state = (char *)"{\"n\":1}";
+  berth_store_put_conv(f->s, &r);
+  const char *m = "{\"role\":\"user\",\"content\":\"x\"}";
+  berth_store_put_messages(f->s, "kept", 0, &m, 1, false);
+  berth_store_free(f->s);       /* flushes */
+  f->s = NULL;
+  assert_int_equal(version_on_file(f->path), BERTH_STORE_SCHEMA);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "kept", &got, &found));
+  assert_true(found);
+  assert_string_equal(got.state, "{\"n\":1}");
+  berth_store_conv_clear(&got);
+  char **v;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "kept", &v, &n));
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0], m);
+  berth_store_texts_free(v, n);
+}
+
+static void test_sqlite_newer_schema_is_refused_untouched(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  sql_on_file(f->path, "UPDATE schema_version SET version = 99");
+  berth_store *s = NULL;
+  berth_error *e = berth_store_open(f->loop, f->url, &s);
+  assert_non_null(e);
+  assert_null(s);
+  assert_string_equal(e->code, "version");
+  assert_non_null(strstr(e->message, "newer berth"));
+  assert_non_null(strstr(e->message, "schema version 99"));
+  assert_non_null(strstr(e->message, f->path));
+  berth_error_free(e);
+  assert_int_equal(version_on_file(f->path), 99);
+}
+
+static void test_sqlite_corrupt_or_foreign_file_is_refused(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  char p[200];
+  snprintf(p, sizeof p, "%s-wal", f->path);
+  unlink(p);
+  snprintf(p, sizeof p, "%s-shm", f->path);
+  unlink(p);
+  FILE *out = fopen(f->path, "w");
+  assert_non_null(out);
+  for (int i = 0; i < 4096; i++)
+    fputc("garbage!"[i % 8], out);
+  fclose(out);
+  berth_store *s = NULL;
+  berth_error *e = berth_store_open(f->loop, f->url, &s);
+  assert_non_null(e);
+  assert_null(s);
+  assert_string_equal(e->code, "data_loss");
+  assert_non_null(strstr(e->message, "not a readable berth database"));
+  berth_error_free(e);
+
+  unlink(f->path);
+  sql_on_file(f->path, "CREATE TABLE accounts (name TEXT)");
+  e = berth_store_open(f->loop, f->url, &s);
+  assert_non_null(e);
+  assert_string_equal(e->code, "data_loss");
+  assert_non_null(strstr(e->message, "not a berth store"));
+  berth_error_free(e);
+}
+
+static void test_bad_urls_are_refused(void **state)
+{
+  (void)state;
+  static const char *const bad[] = {"", "sqlite:", "redis://x",
+                                    "postgresql:///db?no_such_option=1",
+                                    "postgresql://[::1/db"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    berth_store *s = NULL;
+    berth_error *e = berth_store_open(NULL, bad[i], &s);
+    assert_non_null(e);
+    assert_null(s);
+    assert_string_equal(e->code, "invalid_argument");
+    berth_error_free(e);
+  }
+}
+
+/* }====================================================== */
+
+static void test_sqlite_version_1_is_migrated_to_2(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  sql_on_file(f->path, downgrade_to_1);
+  assert_int_equal(version_on_file(f->path), 1);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_on_file(f->path), 2);
+  check_migrated(f);
+}
+
+/* {====================================================== PostgreSQL */
+
+static int version_in_db(const char *url)
+{
+  PGconn *c = PQconnectdb(url);
+  assert_int_equal(PQstatus(c), CONNECTION_OK);
+  PGresult *r = PQexec(c, "SELECT version FROM schema_version");
+  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+  assert_int_equal(PQntuples(r), 1);
+  int v = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  PQfinish(c);
+  return v;
+}
+
+static void test_pg_newer_schema_is_refused_untouched(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  assert_int_equal(version_in_db(f->url), BERTH_STORE_SCHEMA);
+  assert_int_equal(pgtest_sql(f->url, "UPDATE schema_version SET version = 99"), 0);
+  berth_store *s = NULL;
+  berth_error *e = berth_store_open(f->loop, f->url, &s);
+  assert_non_null(e);
+  assert_null(s);
+  assert_string_equal(e->code, "version");
+  assert_non_null(strstr(e->message, "newer berth"));
+  assert_non_null(strstr(e->message, "schema version 99"));
+  berth_error_free(e);
+  assert_int_equal(version_in_db(f->url), 99);
+}
+
+static void test_pg_version_1_is_migrated_to_2(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  assert_int_equal(pgtest_sql(f->url, downgrade_to_1), 0);
+  assert_int_equal(version_in_db(f->url), 1);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_in_db(f->url), 2);
+  check_migrated(f);
+}
+
+static void test_pg_foreign_database_is_refused(void **state)
+{
+  fixture *f = *state;
+  char url[200];
+  assert_int_equal(pgtest_fresh_url(&cluster, url, sizeof url), 0);
+  assert_int_equal(pgtest_sql(url, "CREATE TABLE accounts (name TEXT)"), 0);
+  berth_store *s = NULL;
+  berth_error *e = berth_store_open(f->loop, url, &s);
+  assert_non_null(e);
+  assert_null(s);
+  assert_string_equal(e->code, "data_loss");
+  assert_non_null(strstr(e->message, "not a berth store"));
+  berth_error_free(e);
+  assert_int_equal(pgtest_sql(url, "SELECT name FROM accounts"), 0);   /* untouched */
+}
+
+/* A server that cannot be reached, or refuses, is "unavailable"; the message names the
+ * database and never holds the URL's password. */
+static void test_pg_unreachable_is_unavailable_and_hides_the_password(void **state)
+{
+  fixture *f = *state;
+  char url[300];
+  snprintf(url, sizeof url, "postgresql://%s:s3cret-pw@/no_such_db?host=%s", cluster.user,
+           cluster.dir);
+  berth_store *s = NULL;
+  berth_error *e = berth_store_open(f->loop, url, &s);
+  assert_non_null(e);
+  assert_null(s);
+  assert_string_equal(e->code, "unavailable");
+  assert_non_null(strstr(e->message, "no_such_db"));
+  assert_null(strstr(e->message, "s3cret-pw"));
+  berth_error_free(e);
+  snprintf(url, sizeof url, "postgresql://u:s3cret-pw@/berth?host=%s/nowhere", cluster.dir);
+  e = berth_store_open(f->loop, url, &s);
+  assert_non_null(e);
+  assert_string_equal(e->code, "unavailable");
+  assert_null(strstr(e->message, "s3cret-pw"));
+  berth_error_free(e);
+}
+
+/* PostgreSQL stops (as if it crashed) while the host runs: what was acknowledged
+ * before is kept; a sync meanwhile fails with "unavailable" (nothing acknowledged),
+ * and reads too, at once; the writes are kept (store.c tries them again) and once the
+ * server is back they and the next ones are stored, on a new connection. */
+static void test_pg_server_stopped_mid_run_fails_writes_and_resumes(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("kept", "k1");
+  r.n_messages = 2;
+  berth_store_put_conv(f->s, &r);
+  const char *msgs[] = {"{\"role\":\"user\",\"content\":\"a\"}",
+                        "{\"role\":\"assistant\",\"content\":\"b\"}"};
+  berth_store_put_messages(f->s, "kept", 0, msgs, 2, false);
+  sync_seen before = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &before);
+  run_until(f->loop, &before.calls, 1);
+  assert_int_equal(before.calls, 1);
+  assert_false(before.had_error);           /* acknowledged */
+
+  assert_int_equal(pgtest_stop_server(&cluster, true), 0);
+  berth_store_conv d = record("during", "k1");
+  berth_store_put_conv(f->s, &d);
+  sync_seen during = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &during);
+  run_until(f->loop, &during.calls, 1);
+  assert_int_equal(during.calls, 1);
+  assert_true(during.had_error);
+  assert_string_equal(during.code, "unavailable");
+  berth_store_conv got;
+  bool found;
+  berth_error *e = berth_store_get_conv(f->s, "kept", &got, &found);
+  assert_non_null(e);
+  assert_string_equal(e->code, "unavailable");
+  berth_error_free(e);
+
+  assert_int_equal(pgtest_restart_server(&cluster), 0);
+  berth_store_conv a = record("after", "k1");
+  berth_store_put_conv(f->s, &a);
+  sync_seen after = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &after);
+  run_until(f->loop, &after.calls, 1);
+  assert_int_equal(after.calls, 1);
+  assert_false(after.had_error);
+
+  no_error(berth_store_get_conv(f->s, "kept", &got, &found));
+  assert_true(found);
+  assert_int_equal(got.n_messages, 2);
+  berth_store_conv_clear(&got);
+  char **m;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "kept", &m, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(m[1], msgs[1]);
+  berth_store_texts_free(m, n);
+  no_error(berth_store_get_conv(f->s, "after", &got, &found));
+  assert_true(found);
+  berth_store_conv_clear(&got);
+  no_error(berth_store_get_conv(f->s, "during", &got, &found));
+  assert_true(found);                        /* kept, and applied once it came back */
+  berth_store_conv_clear(&got);
+  berth_store_stats st;
+  berth_store_get_stats(f->s, &st);
+  assert_true(st.failures >= 1);
+  uint64_t failures = st.failures;
+
+  /* Restarted while the host is idle: its connection is stale, and the next write
+   * notices that before using it (it reconnects instead of failing). */
+  assert_int_equal(pgtest_stop_server(&cluster, false), 0);
+  assert_int_equal(pgtest_restart_server(&cluster), 0);
+  berth_store_conv later = record("later", "k1");
+  berth_store_put_conv(f->s, &later);
+  sync_seen again = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &again);
+  run_until(f->loop, &again.calls, 1);
+  assert_int_equal(again.calls, 1);
+  assert_false(again.had_error);
+  berth_store_get_stats(f->s, &st);
+  assert_int_equal(st.failures, failures);  /* not one failed try on the stale one */
+}
+
+/* PostgreSQL refuses text that is not UTF-8; a batch holding some is stored anyway
+ * (the ill-formed bytes as U+FFFD) rather than failing at every retry. */
+static void test_pg_ill_formed_utf8_is_stored_not_refused(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("bytes", "k1");
+  r.state = (char *)"{\"raw\":\"a\xff\xfe b\"}";
+  berth_store_put_conv(f->s, &r);
+  const char *m = "{\"content\":\"ok \xc3\"}";
+  berth_store_put_messages(f->s, "bytes", 0, &m, 1, false);
+  sync_seen w = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &w);
+  run_until(f->loop, &w.calls, 1);
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "bytes", &got, &found));
+  assert_true(found);
+  assert_string_equal(got.state, "{\"raw\":\"a\xef\xbf\xbd\xef\xbf\xbd b\"}");
+  berth_store_conv_clear(&got);
+  char **v;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "bytes", &v, &n));
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0], "{\"content\":\"ok \xef\xbf\xbd\"}");
+  berth_store_texts_free(v, n);
+}
+
+/* The pid of the server process serving connections named `app`, or -1. */
+static pid_t backend_of(const char *url, const char *app)
+{
+  char sql[200];
+  snprintf(sql, sizeof sql, "SELECT pid FROM pg_stat_activity WHERE application_name = '%s'",
+           app);
+  PGconn *c = PQconnectdb(url);
+  PGresult *r = PQexec(c, sql);
+  pid_t pid = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1
+                ? (pid_t)atoi(PQgetvalue(r, 0, 0)) : -1;
+  PQclear(r);
+  PQfinish(c);
+  return pid;
+}
+
+static double seconds(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A server that stops answering (its process frozen) never hangs the host: the batch
+ * fails "unavailable" once the URL's connect_timeout passed, and the store carries on
+ * with a new connection. */
+static void test_pg_a_server_that_stops_answering_fails_the_batch_in_bounded_time(
+  void **state)
+{
+  fixture *f = *state;
+  char url[300];
+  snprintf(url, sizeof url, "%s&application_name=berth-frozen&connect_timeout=1", f->url);
+  berth_store *s = NULL;
+  no_error(berth_store_open(f->loop, url, &s));
+  pid_t backend = backend_of(f->url, "berth-frozen");
+  assert_true(backend > 0);
+
+  assert_int_equal(kill(backend, SIGSTOP), 0);
+  berth_store_conv r = record("frozen", "k1");
+  berth_store_put_conv(s, &r);
+  sync_seen w = {.loop = f->loop};
+  berth_store_sync(s, on_synced, &w);
+  double t0 = seconds();
+  run_until(f->loop, &w.calls, 1);
+  double took = seconds() - t0;
+  kill(backend, SIGCONT);
+  assert_int_equal(w.calls, 1);
+  assert_true(w.had_error);
+  assert_string_equal(w.code, "unavailable");
+  assert_true(took >= 0.9 && took < 5.0);
+
+  berth_store_conv r2 = record("thawed", "k1");
+  berth_store_put_conv(s, &r2);
+  sync_seen w2 = {.loop = f->loop};
+  berth_store_sync(s, on_synced, &w2);
+  run_until(f->loop, &w2.calls, 1);
+  assert_int_equal(w2.calls, 1);
+  assert_false(w2.had_error);
+  berth_store_free(s);
+}
+
+/* Two handles on one database, each on its own loop, as two hosts have: each sees the
+ * other's committed writes, and one listing orders them all. */
+static void test_pg_two_handles_see_each_others_writes(void **state)
+{
+  fixture *f = *state;
+  struct ev_loop *loop2 = ev_loop_new(EVFLAG_AUTO);
+  berth_store *other = NULL;
+  no_error(berth_store_open(loop2, f->url, &other));
+
+  berth_store_conv r = record("from-1", "k1");
+  berth_store_put_conv(f->s, &r);
+  sync_seen w1 = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &w1);
+  run_until(f->loop, &w1.calls, 1);
+  assert_false(w1.had_error);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(other, "from-1", &got, &found));
+  assert_true(found);
+  berth_store_conv_clear(&got);
+
+  berth_store_conv r2 = record("from-2", "k1");
+  r2.n_messages = 1;
+  berth_store_put_conv(other, &r2);
+  const char *m = "\"hello from host 2\"";
+  berth_store_put_messages(other, "from-2", 0, &m, 1, false);
+  sync_seen w2 = {.loop = loop2};
+  berth_store_sync(other, on_synced, &w2);
+  run_until(loop2, &w2.calls, 1);
+  assert_false(w2.had_error);
+  char **v;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "from-2", &v, &n));
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0], m);
+  berth_store_texts_free(v, n);
+
+  berth_store_conv *list;
+  no_error(berth_store_list_convs(f->s, "k1", 0, 10, &list, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(list[0].id, "from-2");    /* newest first, whoever wrote it */
+  assert_string_equal(list[1].id, "from-1");
+  berth_store_convs_free(list, n);
+  berth_store_free(other);
+  ev_loop_destroy(loop2);
+}
+
+static int pg_group_setup(void **state)
+{
+  (void)state;
+  return pgtest_start(&cluster);
+}
+
+static int pg_group_teardown(void **state)
+{
+  (void)state;
+  pgtest_destroy(&cluster);
+  return 0;
+}
+
+/* }====================================================== */
+
+int main(void)
+{
+  static fixture mem = {"memory"}, lite = {"sqlite"};
+#define BOTH(fn) {#fn "/memory", fn, setup, teardown, &mem}, \
+                 {#fn "/sqlite", fn, setup, teardown, &lite}
+#define LITE(fn) cmocka_unit_test_prestate_setup_teardown(fn, setup, teardown, &lite)
+  const struct CMUnitTest tests[] = {
+    BOTH(test_round_trip_of_a_conversation),
+    BOTH(test_messages_and_events_keep_their_order),
+    BOTH(test_list_is_the_callers_own_newest_first_in_pages),
+    BOTH(test_running_turns_are_marked_interrupted),
+    BOTH(test_one_flush_per_iteration_and_sync_after_commit),
+    BOTH(test_lease_two_hosts_never_both_hold_one),
+    BOTH(test_lease_expired_is_taken_over),
+    BOTH(test_lease_renew_extends_the_hosts_leases),
+    BOTH(test_lease_release_frees_it),
+    BOTH(test_lease_takeover_marks_that_turn_interrupted),
+    LITE(test_sqlite_version_1_is_migrated_to_2),
+    LITE(test_sqlite_keeps_everything_across_reopening),
+    LITE(test_sqlite_newer_schema_is_refused_untouched),
+    LITE(test_sqlite_corrupt_or_foreign_file_is_refused),
+    cmocka_unit_test(test_bad_urls_are_refused),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  static fixture pgf = {"postgresql"};
+#define PG(fn) {#fn "/postgresql", fn, setup, teardown, &pgf}
+  const struct CMUnitTest postgresql[] = {
+    PG(test_round_trip_of_a_conversation),
+    PG(test_messages_and_events_keep_their_order),
+    PG(test_list_is_the_callers_own_newest_first_in_pages),
+    PG(test_running_turns_are_marked_interrupted),
+    PG(test_one_flush_per_iteration_and_sync_after_commit),
+    PG(test_lease_two_hosts_never_both_hold_one),
+    PG(test_lease_expired_is_taken_over),
+    PG(test_lease_renew_extends_the_hosts_leases),
+    PG(test_lease_release_frees_it),
+    PG(test_lease_takeover_marks_that_turn_interrupted),
+    PG(test_pg_version_1_is_migrated_to_2),
+    PG(test_pg_newer_schema_is_refused_untouched),
+    PG(test_pg_foreign_database_is_refused),
+    PG(test_pg_unreachable_is_unavailable_and_hides_the_password),
+    PG(test_pg_server_stopped_mid_run_fails_writes_and_resumes),
+    PG(test_pg_a_server_that_stops_answering_fails_the_batch_in_bounded_time),
+    PG(test_pg_ill_formed_utf8_is_stored_not_refused),
+    PG(test_pg_two_handles_see_each_others_writes),
+  };
+  failed += cmocka_run_group_tests(postgresql, pg_group_setup, pg_group_teardown);
+  return failed;
+}
