@@ -1,5 +1,5 @@
 /*
- * base64.c — base64 for proto3 JSON bytes (wire.md §4): standard alphabet written
+ * base64.c — base64 for proto3 JSON bytes (docs/wire.md §4): standard alphabet written
  * (through OpenSSL's EVP block codec), standard or URL-safe alphabet read, padding
  * optional.
  *

@@ -1,5 +1,5 @@
 /*
- * client.c — the client: construction rules for the base URL (client.md §2.1), the
+ * client.c — the client: construction rules for the base URL (docs/client.md §2.1), the
  * answer pipeline of one RPC (binding, redirects, Connect errors: §2.2, §4.3),
  * Describe, and single runs in a fresh sandbox (§2.5).
  */
@@ -154,7 +154,7 @@ typedef struct rpc {
     void *ud;
 } rpc;
 
-/* When a Connect error body has no code, the HTTP status decides (wire.md §6). */
+/* When a Connect error body has no code, the HTTP status decides (docs/wire.md §6.1). */
 static plm_code code_from_status(long status)
 {
     switch (status) {
@@ -167,7 +167,7 @@ static plm_code code_from_status(long status)
     }
 }
 
-/* client.md §4.3 errorFromWire. */
+/* docs/client.md §4.3. */
 static plm_error *error_from_wire(const char *method, long status, json_t *body, bool bound,
                                   plm_refusal header_mark)
 {

@@ -4,7 +4,7 @@
  * model-provider client (runtime/http.c).  Internal: not part of plimsoll.h, not
  * installed.
  *
- * Pitfalls this driver is written around (notes/lua-c-anchors.md §1.4, §3.8):
+ * Pitfalls this driver is written around (docs/architecture.md §4.1):
  *  - curl is never called from its own callbacks: a timeout, even of 0, arms an
  *    ev_timer and the loop calls curl;
  *  - curl's timeout is converted with / 1000.0 (the example divides integers);

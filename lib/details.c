@@ -1,6 +1,6 @@
 /*
  * details.c — Connect error details, decoded by hand from base64 protobuf
- * (wire.md §6): NotDispatched, SessionEnded and UnansweredCall.  A detail that does
+ * (docs/wire.md §6.2): NotDispatched, SessionEnded and UnansweredCall.  A detail that does
  * not decode states nothing; in particular it never says that nothing ran.
  */
 #include "internal.h"

@@ -1,5 +1,5 @@
 /*
- * digest.c — the byte-exact digest encoding of records.md: SHA-256 over
+ * digest.c — the byte-exact digest encoding of docs/records.md §2: SHA-256 over
  * length-prefixed values (8-byte big-endian length, then the bytes), the domain
  * first, then each field as its name and its content.  Requests and results are
  * digested from their proto3 JSON form exactly as sent or received; records from
@@ -324,7 +324,7 @@ plm_error *plm_request_digest(const json_t *req, plm_hex hex)
         jstr(&e, rule, "mode", NULL, "software_mode");
         jstrings(&e, rule, "identities", NULL, "software_identities", "software_identity");
     }
-    /* Precedence javascript, project, cell, module (records.md §3). */
+    /* Precedence javascript, project, cell, module (docs/records.md §3). */
     const json_t *p;
     if ((p = payload_of(req, "javascript"))) {
         put_cstr(&e, "kind", "javascript");

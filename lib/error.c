@@ -59,7 +59,7 @@ const char *plm_session_end_name(plm_session_end e)
 }
 
 /* Any value other than absent / 0 / UNSPECIFIED is an end; an unknown one is
- * "ended, reason unknown", never open (client.md §4.1). */
+ * "ended, reason unknown", never open (docs/client.md §4.1). */
 plm_session_end plm_session_end_from_json(const json_t *v)
 {
     if (!v || json_is_null(v))

@@ -68,7 +68,7 @@ void plm_details_clear(plm_details *d);
 /* ---- tiers (digest.c) */
 int plm_tier_rank(const char *tier);  /* -1 unknown, 0 none … 4 vm */
 
-/* ---- answer verification (verify.c): records.md §7 */
+/* ---- answer verification (verify.c): docs/records.md §7 */
 typedef struct plm_chain {
     const char *fingerprint;
     uint64_t last_sequence;
@@ -109,7 +109,7 @@ plm_check plm_verify_answer(const json_t *req, const json_t *resp, const plm_cha
 plm_check plm_verify_mapped(const json_t *req, const json_t *resp, const plm_result *mapped,
                             const plm_chain *chain, plm_record **rec, plm_error **err);
 plm_error *plm_result_digest_mapped(const plm_result *r, plm_hex hex);
-/* Verifies the v3 record of an unanswered session call (records.md §7.2). */
+/* Verifies the v3 record of an unanswered session call (docs/records.md §7.2). */
 plm_check plm_verify_unanswered(const json_t *req, const plm_record *rec, const plm_chain *chain,
                                 plm_error **err);
 /* The result kinds present in a RunResponse, and the kind a request asks for. */

@@ -1,5 +1,5 @@
 /*
- * json.c — typed readers for proto3 JSON (wire.md §4).  Absent and null read as the
+ * json.c — typed readers for proto3 JSON (docs/wire.md §4).  Absent and null read as the
  * zero value; 64-bit integers may be strings or numbers and are never routed through
  * a double; a value of the wrong JSON type is a malformed answer.
  */

@@ -50,7 +50,7 @@ struct ev_loop;
 
 /* ---------------------------------------------------------------- errors */
 
-/* The 16 Connect codes (wire.md §6).  PLM_OK is not an error code. */
+/* The 16 Connect codes (docs/wire.md §6.1).  PLM_OK is not an error code. */
 typedef enum plm_code {
     PLM_OK = 0,
     PLM_CANCELED,
@@ -105,7 +105,7 @@ typedef enum plm_session_end {
 typedef struct plm_record plm_record;
 typedef struct plm_result plm_result;
 
-/* A failed call (client.md §4.1).  Fields not set are zero / NULL / NONE / OPEN. */
+/* A failed call (docs/client.md §4.1).  Fields not set are zero / NULL / NONE / OPEN. */
 typedef struct plm_error {
     plm_code code;
     char *message;              /* a sentence a person can act on; never a session id */
@@ -153,7 +153,7 @@ void plm_record_free(plm_record *rec);
 plm_record *plm_record_copy(const plm_record *rec);
 
 /* ---------------------------------------------------------------- digests
- * The byte-exact digest encoding of records.md.  All write 64 lowercase hex digits
+ * The byte-exact digest encoding of docs/records.md.  All write 64 lowercase hex digits
  * and a NUL into `hex`.  They return NULL on success, or an error (PLM_DATA_LOSS for
  * text that is not well-formed UTF-8 or a value of the wrong JSON type). */
 typedef char plm_hex[65];

@@ -1,6 +1,6 @@
 /*
  * plimsoll_sandboxes.h — one sandbox per conversation (the reference's CodeSandboxes,
- * client.md §6) and the model-facing executeCode tool (client.md §7), on top of the
+ * docs/client.md §6) and the model-facing executeCode tool (docs/client.md §7), on top of the
  * verified client in plimsoll.h.
  *
  * A conversation is named by a key: a run id (a string key), or an owner and a
@@ -84,7 +84,7 @@ typedef struct plm_code_input {
                                  * (the daemon clamps it to its own maximum) */
 } plm_code_input;
 
-/* What the model receives (client.md §7.2). */
+/* What the model receives (docs/client.md §7.2). */
 typedef struct plm_code_output {
     char *language;
     int32_t exit_code;

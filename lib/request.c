@@ -1,5 +1,5 @@
 /*
- * request.c — building request bodies (client.md §2.3).  Every string is checked as
+ * request.c — building request bodies (docs/client.md §2.3).  Every string is checked as
  * UTF-8 as it is put in (plm_put_text with lib/utf8.c, json_string elsewhere): an
  * ill-formed one is refused before sending with a message naming the field's path.
  */
@@ -108,7 +108,7 @@ plm_error *plm_rule_to_json(const plm_software_rule *r, json_t **out)
 }
 
 /* A session's rule and a call's rule narrow to their intersection, in the session
- * rule's order: one identity left is exact, more are approved (client.md §2.3). */
+ * rule's order: one identity left is exact, more are approved (docs/client.md §2.3). */
 plm_error *plm_rule_merge(const json_t *srule, const json_t *crule, json_t **out)
 {
     *out = NULL;

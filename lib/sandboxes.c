@@ -1,5 +1,5 @@
 /*
- * sandboxes.c — one sandbox per conversation (client.md §6): keys, the shared
+ * sandboxes.c — one sandbox per conversation (docs/client.md §6): keys, the shared
  * Describe, entries that each hold one session, the executeCode call with its one
  * retry, caps with least-recently-used eviction, warm, dispose, the idle close and
  * the close-error reporter.
@@ -245,7 +245,7 @@ static plm_error *freed_error(const char *what)
                        "plimsoll: the sandboxes were freed before %s", what);
 }
 
-/* client.md §6.6 beforeDispatch: whatever fails before the code can be sent ran nothing,
+/* docs/client.md §6.6, before dispatch: whatever fails before the code can be sent ran nothing,
  * so an unmarked failure there is marked environment, keeping everything else. */
 static plm_error *before_dispatch(plm_error *e)
 {
@@ -814,7 +814,7 @@ static void retire(entry *e)
     /* waiting, describing or opening: the open's end decides (entry_on_open, entry_fail) */
 }
 
-/* client.md §6.10 drop(key, session): only if the entry still holds exactly that one. */
+/* docs/client.md §6.10 drop(key, session): only if the entry still holds exactly that one. */
 static void drop(entry *e, plm_session *s)
 {
     if (e->current && e->session == s)
@@ -973,7 +973,7 @@ static entry *least_recent_idle(const plm_sandboxes *sb, const char *owner)
     return best;
 }
 
-/* client.md §6.9: disposes the least recently used idle entries that match until fewer
+/* docs/client.md §6.9: disposes the least recently used idle entries that match until fewer
  * than `cap` remain; with every one busy, refuses before anything opens. */
 static plm_error *make_room(plm_sandboxes *sb, const char *owner, int cap, const char *whose,
                             victims *out)
@@ -1181,7 +1181,7 @@ static void call_finish(call *c, plm_error *err, plm_code_output *out)
     start_soon(sb, &c->deliver);
 }
 
-/* client.md §6.6 step 7.10, for every outcome of an attempt. */
+/* docs/client.md §6.6 step 8, for every outcome of an attempt. */
 static void end_attempt(call *c)
 {
     entry *e = c->e;
@@ -1390,7 +1390,7 @@ static bool env_runs(const plm_environment *env, const char *language)
     return strcmp(language, "python") == 0 ? env->python : env->javascript;
 }
 
-/* client.md §6.6 step 5: an environment that states languages must state this one; one
+/* docs/client.md §6.6 step 3: an environment that states languages must state this one; one
  * that states none predates the statement and is let through. */
 static plm_error *check_proved(const plm_environment *env, const char *language,
                                const char *what)

@@ -1,5 +1,5 @@
 /*
- * sandboxes_fresh.c — what a fresh run sends (client.md §6.8): a project holding the
+ * sandboxes_fresh.c — what a fresh run sends (docs/client.md §6.8): a project holding the
  * call's files, the code as a cell file and a runner that makes the run behave like a
  * session cell (the last expression printed, top-level await, imports from the work
  * directory), or on a daemon without projects one JavaScript snippet.

@@ -8,10 +8,10 @@
 #include "plimsoll_sandboxes.h"
 
 /* The most files one call takes: the daemon takes 200 project files, and a fresh run
- * adds its cell file and its runner (client.md §7.1). */
+ * adds its cell file and its runner (docs/client.md §7.1). */
 #define PLM_MAX_CALL_FILES 198
 
-/* ---- fresh runs (sandboxes_fresh.c), client.md §6.8 */
+/* ---- fresh runs (sandboxes_fresh.c), docs/client.md §6.8 */
 
 /* How a fresh project runs one language: the code goes to `cell_path`, `source` to
  * `runner_path`, and the single step is `step`. */
@@ -33,7 +33,7 @@ char *plm_snippet_runner(const char *code);
 /* "completed", "setup_failed", "timed_out", "protocol_error" or "unspecified". */
 const char *plm_outcome_name(plm_outcome o);
 
-/* ---- outputs (tool.c), client.md §7.2 */
+/* ---- outputs (tool.c), docs/client.md §7.2 */
 
 /* The byte length of the longest prefix of the UTF-8 text s[0..len) that holds at most
  * `max` UTF-16 code units and ends on a code point boundary; *cut says whether it is

@@ -1,5 +1,5 @@
 /*
- * session.c — sessions (client.md §2.6, §5): open with its checks, one FIFO queue for
+ * session.c — sessions (docs/client.md §2.6, §5): open with its checks, one FIFO queue for
  * every call and the close, the record chain followed call by call, unanswered
  * (version 3) records chained or refused, a session stopped after any call without a
  * checkable answer, and a memoized close.
@@ -157,7 +157,7 @@ static plm_session *session_from_answer(open_op *op, const json_t *a, plm_error 
     s->rule = op->rule;
     op->rule = NULL;
     ev_timer_init(&s->deliver, NULL, 0., 0.);
-    /* The three checks of client.md §2.6; a failure closes the session first. */
+    /* The three checks of docs/client.md §2.6; a failure closes the session first. */
     if (strcmp(fp, s->fingerprint) != 0)
         *err = open_refusal("the session fingerprint is not the SHA-256 of the session id", NULL);
     else if (s->floor && *s->floor && !plm_meets(s->isolation, s->floor))
@@ -410,7 +410,7 @@ static void advance(plm_session *s, const plm_record *rec)
     snprintf(s->last, sizeof s->last, "%s", rec->record_sha256);
 }
 
-/* client.md §5.4: an error that may have run, carrying the call's v3 record. */
+/* docs/client.md §5.4: an error that may have run, carrying the call's v3 record. */
 static plm_error *handle_unanswered(plm_session *s, sop *op, plm_error *err)
 {
     plm_chain ch = chain_of(s);

@@ -1,5 +1,5 @@
 /*
- * tool.c — the executeCode tool as a model sees it (client.md §7): the output of one
+ * tool.c — the executeCode tool as a model sees it (docs/client.md §7): the output of one
  * call, cut to the model's budget and in the reference's key order; the description;
  * the JSON Schema of the parameters.
  */

@@ -3,7 +3,7 @@
  * one libcurl multi handle driven by libev (curl_ev.c, the shape of curl's evhiperfifo
  * example).
  *
- * Pitfalls this file is written around (notes/lua-c-anchors.md §1.4, §3.8):
+ * Pitfalls this file is written around (docs/architecture.md §4.1):
  *  - completions are collected from curl_multi_info_read after curl_multi_socket_action
  *    returns, and only then handed to callers: a caller may start another exchange from
  *    its callback, which must never happen inside a libcurl callback;
@@ -182,7 +182,7 @@ static void xfer_free(xfer *t)
     free(t);
 }
 
-/* Why an exchange read no answer (client.md §2.2 steps 6–7).  Only failures proven to
+/* Why an exchange read no answer (docs/client.md §2.2 steps 6–7).  Only failures proven to
  * happen before any request byte left are marked `environment`. */
 static plm_error *classify(xfer *t, CURLcode rc)
 {
@@ -198,7 +198,7 @@ static plm_error *classify(xfer *t, CURLcode rc)
     } else if (rc == CURLE_OPERATION_TIMEDOUT ||
                mono_us() - t->started_us >= (long long)t->h->timeout_ms * 1000) {
         /* A failure reported once the request deadline has passed is the deadline's, even
-         * one proven to come before sending (a refused connect): client.md §2.2 step 6. */
+         * one proven to come before sending (a refused connect): docs/client.md §2.2 step 6. */
         e = plm_err_new(PLM_DEADLINE_EXCEEDED, PLM_REFUSAL_NONE,
                         "plimsoll: %s: no complete answer within %ld ms; the call may have run",
                         m, t->h->timeout_ms);

@@ -1,6 +1,6 @@
 /*
  * verify.c — what a client checks on every answer before believing it
- * (records.md §7, client.md §3.5–3.6, §2.5).  Every failure is data loss: the code
+ * (docs/records.md §7, docs/client.md §2.5).  Every failure is data loss: the code
  * may have run, so it is never a signal to retry.
  */
 #include "internal.h"

@@ -1,6 +1,6 @@
 /*
  * agent.c — a conversation's life cycle, as Trigger.dev's chat agent runs it
- * (client.md §8.1, notes §4.1):
+ * (docs/architecture.md §3):
  *
  *   message ─▶ [slot] ─▶ [resume] ─▶ onTurnStart(ctx) ─▶ onTurn(ctx, message) ─▶ turnEnd
  *                                                      │ idle timeout, no message

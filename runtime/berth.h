@@ -20,7 +20,7 @@
  *     traceback and reported to its conversation as an error; the host and the other
  *     conversations go on.
  *   - A conversation (berth_conv) follows Trigger.dev's chat-agent life cycle
- *     (client.md §8.1): each message runs onTurnStart then onTurn; after the idle
+ *     (docs/architecture.md §3): each message runs onTurnStart then onTurn; after the idle
  *     timeout without a message it suspends (onSuspend); berth_conv_complete runs
  *     onComplete.  Messages that arrive while a turn runs wait their turn.
  *   - Many conversations: an idle conversation costs its small C record and its ctx

@@ -663,7 +663,7 @@ static int open_state(berth_host *h, char **err)
   return 0;
 }
 
-/* A close that failed is only worth a line in the host's log (client.md §6.10). */
+/* A close that failed is only worth a line in the host's log (docs/client.md §6.10). */
 static void on_close_error(void *ud, const plm_key *key, const plm_error *err)
 {
   char digest[13];

@@ -1,7 +1,7 @@
 /*
  * http.h — a small libcurl multi-socket client on a libev loop for streaming POSTs
  * (the model adapters' transport), on the driver lib/transport.c uses too
- * (lib/curl_ev.c), and to the same rules (notes §1.4, §3.8):
+ * (lib/curl_ev.c), and to the same rules (docs/architecture.md §4.1):
  *   - every callback to the caller runs from the loop after curl_multi_socket_action
  *     has returned, never inside a libcurl callback: the curl callbacks only queue
  *     (headers seen, body bytes, completion), and the queue is drained afterwards;

@@ -10,7 +10,7 @@
  *   data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}
  *   data: [DONE]
  *
- * Tool calls (notes §3.9): fragments are keyed by (choice index, tool_calls[].index);
+ * Tool calls (docs/architecture.md §6.2): fragments are keyed by (choice index, tool_calls[].index);
  * id and name usually come only in the first fragment; a different non-empty id at
  * an occupied index starts a new call (servers that reuse index 0); arguments are
  * raw text, concatenated, and never parsed here (the hooks parse them, and tell the

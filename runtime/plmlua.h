@@ -6,7 +6,7 @@
  *   plmlua_check_input   {code=, language=, files={{path=, content=}, ...}, timeoutMs=}
  *                        -> input (runId and userId are the caller's to read)
  *   plmlua_check_keys    an unknown key in an options table raises, naming the known
- *   plmlua_push_output   the executeCode result table (client.md §7.2 fields)
+ *   plmlua_push_output   the executeCode result table (docs/client.md §7.2 fields)
  *   plmlua_push_error    nil, message, code
  */
 #ifndef BERTH_PLMLUA_H

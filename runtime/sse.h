@@ -5,7 +5,7 @@
  * Feed it the body of a text/event-stream response in pieces of any size, split
  * anywhere (inside a line, between the CR and LF of a CRLF, inside a UTF-8 code
  * point); it calls back once per complete event, exactly as if the body had come in
- * one piece.  The rules (notes §3.10; html.spec.whatwg.org "Parsing an event
+ * one piece.  The rules (docs/architecture.md §6.1; html.spec.whatwg.org "Parsing an event
  * stream"):
  *   - lines end with CRLF, LF or CR;
  *   - a line starting with ':' is a comment;

@@ -15,7 +15,7 @@
  *     `recordEnvelope`), or a SessionRunResponse (its `run`): the envelope must verify,
  *     name exactly the response's record, and the record's result digest must be the
  *     digest of the response itself, so an edited output fails too.
- * Every record's own digest is recomputed from its fields (records.md §5).  A response
+ * Every record's own digest is recomputed from its fields (docs/records.md §5).  A response
  * with no envelope is "not signed": a failure, since nothing vouches for it.
  */
 #include "plimsoll.h"

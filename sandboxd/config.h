@@ -32,7 +32,7 @@ typedef struct sbx_config {
     uint32_t idle_ms;           /* 0 = never suspend */
     size_t max_body_bytes;
     bool test_endpoints;
-    /* the providers that run code (process, bwrap, gvisor): limits (daemon.md §6, §7, §8) */
+    /* the providers that run code (process, bwrap, gvisor): limits (docs/daemon.md §6, §7, §8) */
     uint32_t cell_timeout_ms, cell_timeout_max_ms;       /* 30 s, 120 s */
     uint32_t snippet_timeout_ms, snippet_timeout_max_ms; /* 5 s, 30 s */
     uint32_t memory_mb, pids, work_mb, disk_mb;          /* 256, 256, 128, 1024 (0 = none) */

@@ -87,7 +87,7 @@ char *sbx_detail_session_ended(plm_session_end end, const char *detail)
     return pb_finish(&b);
 }
 
-/* RunRecord, numbered as in wire.md §5.3. */
+/* RunRecord, numbered as in docs/wire.md §5.3. */
 static void pb_record(pb *b, const plm_record *r)
 {
     pb_field_varint(b, 1, r->version);

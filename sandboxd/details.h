@@ -1,5 +1,5 @@
 /*
- * details.h — the binary protobuf of the three plimsoll error details (wire.md §6),
+ * details.h — the binary protobuf of the three plimsoll error details (docs/wire.md §6.2),
  * base64 without padding as Connect carries them.
  */
 #ifndef SBX_DETAILS_H

@@ -1,7 +1,7 @@
 /*
  * echo.c — the `echo` provider: runs no code, answers with what it was sent.
  *
- * Sessions mirror plimsoll's in-memory test provider (daemon.md §9, "fake-sessions"):
+ * Sessions mirror plimsoll's in-memory test provider (docs/daemon.md §9):
  * a snippet answers its nth call with n "x" characters (one counter shared by
  * snippets and cells), a cell answers "<language> <n>: <code>" with n counted per
  * language, and magic cell codes reproduce a deadline, a session that ends itself and

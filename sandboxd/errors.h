@@ -32,7 +32,7 @@ sbx_err *sbx_err_session(plm_code code, plm_session_end end, const char *detail,
                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 void sbx_err_free(sbx_err *e);
 
-/* Connect's HTTP status for a code (wire.md §6). */
+/* Connect's HTTP status for a code (docs/wire.md §6.1). */
 unsigned sbx_http_status(plm_code code);
 /* The Connect error body: {"code", "message", "details": [...]}. */
 json_t *sbx_err_body(const sbx_err *e);

@@ -5,7 +5,7 @@
  * It exists for one reason MHD cannot serve: a client that speaks TLS to this
  * cleartext port must get a plain-text "HTTP/1.1 400" back (as Go's server gives),
  * so its TLS library reports a wrong version number (a proven "nothing was sent"
- * for plimsoll clients, wire.md / client.md §2.2 step 6) instead of a closed
+ * for plimsoll clients, docs/client.md §2.2 step 6) instead of a closed
  * connection.  MHD answers some such byte streams and silently drops others.  So the
  * first byte of every connection is peeked: 0x16 (a TLS handshake record) is turned
  * away here, anything else is handed to MHD untouched.  A connection that says

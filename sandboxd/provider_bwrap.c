@@ -1,6 +1,6 @@
 /*
- * provider_bwrap.c — the `bwrap` provider, tier `container` (daemon.md §8, "Mapping to
- * Berth's namespace sandbox"): bubblewrap with new user, PID, network (no interface
+ * provider_bwrap.c — the `bwrap` provider, tier `container` (docs/daemon.md §4.2 and §8:
+ * the container tier): bubblewrap with new user, PID, network (no interface
  * but a down loopback), IPC, UTS, cgroup and mount namespaces; a read-only root made
  * of read-only binds of /usr (and the /bin, /lib... links into it), a generated /etc
  * and the supervisor binary; /proc of the new PID namespace; a minimal /dev.

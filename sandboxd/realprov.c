@@ -2,7 +2,7 @@
  * realprov.c — sessions, cells, snippets, the smoke test and the warm pool of the
  * providers that run real code (see realprov.h).
  *
- * A cell's way (daemon.md §5): the call waits for the previous call's sweep, thaws a
+ * A cell's way (docs/daemon.md §5.3): the call waits for the previous call's sweep, thaws a
  * suspended sandbox, starts the language's interpreter if none runs (the call then
  * says interpreter_started), and sends the cell (files, code, caps, a fresh nonce) to
  * the supervisor, which writes the files and hands the code to the kernel.  The answer
@@ -40,7 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define OUTPUT_CAP 65536u              /* per stream (daemon.md §7) */
+#define OUTPUT_CAP 65536u              /* per stream (docs/daemon.md §7) */
 #define KILL_BOUND_S 5.0               /* an interpreter's death after SUP_KILL */
 #define CREATE_BOUND_S 60.0            /* a sandbox's start for a single run */
 #define SMOKE_BOUND_S 90.0
@@ -1239,7 +1239,7 @@ static void on_pool_check(struct ev_loop *loop, ev_timer *w, int revents)
 /* ---------------------------------------------------------------- software identity */
 
 /* What a sandbox executes, named the way plimsoll names an image's software
- * (`oci-manifest:linux/amd64@sha256:<hex>`, wire.md §5.1): a kind, the platform and the
+ * (`oci-manifest:linux/amd64@sha256:<hex>`, docs/wire.md §5.1): a kind, the platform and the
  * SHA-256 of a manifest.  sandboxd has no image: its manifest is a text listing, per
  * environment, every executable a run there starts and the SHA-256 of its content --
  * the supervisor (this binary), the interpreters (their real paths), the shell that

@@ -1,5 +1,5 @@
 /*
- * records.h — RunResponse JSON and run records (records.md), built with libplimsoll's
+ * records.h — RunResponse JSON and run records (docs/records.md), built with libplimsoll's
  * digest functions so the daemon and every client hash exactly the same bytes.
  */
 #ifndef SBX_RECORDS_H

@@ -1,6 +1,6 @@
 /*
- * request.c — request messages into sbx_request, with every check of wire.md §5 and
- * daemon.md §3 that needs nothing but the request itself.
+ * request.c — request messages into sbx_request, with every check of docs/wire.md §5 and
+ * docs/daemon.md §2–3 that needs nothing but the request itself.
  */
 #include "request.h"
 

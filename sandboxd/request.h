@@ -1,5 +1,5 @@
 /*
- * request.h — reading and validating request messages (wire.md §5) into typed
+ * request.h — reading and validating request messages (docs/wire.md §5) into typed
  * values.  Every refusal here ran nothing: invalid_argument with NotDispatched
  * {request} (or {protocol} for the protocol number), and a message naming the field.
  *

@@ -195,7 +195,7 @@ typedef struct run_op {
     struct run_op *prev, *next;    /* app->runs, while admitted */
 } run_op;
 
-/* Admission (daemon.md §3.1 step 6, §6): a slot of --max-concurrent-runs and of the
+/* Admission (docs/daemon.md §2.1, §6): a slot of --max-concurrent-runs and of the
  * caller's share, or a refusal before anything is dispatched.  Every executing run
  * holds a sandbox of up to --memory-mb, so without it a caller's burst of runs holds
  * as much memory as it likes. */

@@ -1,5 +1,5 @@
 /*
- * rpc.h — the five procedures of plimsoll.v1.SandboxService (wire.md §2), as route
+ * rpc.h — the five procedures of plimsoll.v1.SandboxService (docs/wire.md §2), as route
  * handlers for http.h.  `app` is the sbx_app.
  */
 #ifndef SBX_RPC_H

@@ -1,5 +1,5 @@
 /*
- * rpc_session.c — OpenSession, SessionRun and CloseSession (daemon.md §3).
+ * rpc_session.c — OpenSession, SessionRun and CloseSession (docs/daemon.md §3).
  *
  * A session call is looked up, validated against the session (so a call that can
  * never run is refused at once), then waits for the session's turn, checks that the

@@ -1,5 +1,5 @@
 /*
- * seccomp.c — the system-call filter of the bubblewrap sandbox (daemon.md §8, conformance
+ * seccomp.c — the system-call filter of the bubblewrap sandbox (docs/daemon.md §8, docs/conformance.md
  * D51), built with libseccomp and installed by the in-sandbox supervisor on itself
  * before it starts anything, so every process of the sandbox inherits it.
  *

@@ -1,5 +1,5 @@
 /*
- * sessions.h — the session registry (daemon.md §3 and §6): ids and fingerprints,
+ * sessions.h — the session registry (docs/daemon.md §3 and §6): ids and fingerprints,
  * ownership by principal, caps and per-owner LRU replacement, the per-session turn,
  * lifetime / idle / unclaimed timers, ends, tombstones and the record chain.
  *

@@ -1,6 +1,6 @@
 /*
  * testep.h — endpoints for client test suites (--test-endpoints only), as plimsoll's
- * test daemons serve them (client.md §10, conformance D59):
+ * test daemons serve them (docs/daemon.md §9, docs/conformance.md D59):
  *   POST /test/end-sessions  ends every session as `expired`; 200, no body.
  *   POST /test/wait-ended    200 once every opened session has ended, 504 after 10 s.
  * No token is needed: they exist only on a daemon started for tests.

@@ -158,7 +158,7 @@ def log(msg):
 
 
 # --------------------------------------------------------------------------------------
-# Digests (records.md sections 2, 4, 5)
+# Digests (docs/records.md §2, §4, §5)
 # --------------------------------------------------------------------------------------
 
 def _value(data):
@@ -224,7 +224,7 @@ class _Digest:
 
 
 def record_digest_input(rec):
-    """The record digest input (records.md 5) of a JSON-form RunRecord."""
+    """The record digest input (docs/records.md §5) of a JSON-form RunRecord."""
     version = _int(_get(rec, "version", 0))
     if version not in (1, 2, 3):
         raise ValueError("record version %d has no encoding" % version)
@@ -261,7 +261,7 @@ def _outcome(v):
 
 
 def result_digest_input(resp):
-    """The result digest input (records.md 4) of a JSON-form RunResponse."""
+    """The result digest input (docs/records.md §4) of a JSON-form RunResponse."""
     d = _Digest("plimsoll.run-result.v1")
     kind = next((k for k in RESULT_KINDS if isinstance(resp.get(k), dict)), "")
     d.field("kind", kind)
@@ -314,7 +314,7 @@ def result_digest(resp):
 
 
 # --------------------------------------------------------------------------------------
-# Protobuf: the RunRecord inside a plimsoll.v1.UnansweredCall detail (wire.md 5.3, 6)
+# Protobuf: the RunRecord inside a plimsoll.v1.UnansweredCall detail (docs/wire.md §5.3, §6.2)
 # --------------------------------------------------------------------------------------
 
 RECORD_PROTO = [  # (field number, JSON name, wire type)

@@ -2,7 +2,7 @@
  * test_client_daemon.c — libplimsoll against a real sandboxd (provider echo) over
  * loopback HTTP, directly and through tests/faultproxy.py, which corrupts, drops,
  * replays, cuts and delays answers.  Each case asserts the exact error class of
- * client.md and conformance.md, and that evidence is attached where the spec says.
+ * docs/client.md and docs/conformance.md, and that evidence is attached where the spec says.
  */
 #include <setjmp.h>
 #include <stdarg.h>

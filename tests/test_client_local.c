@@ -483,7 +483,7 @@ static void test_E03_refusal_reasons_all_mark_not_dispatched(void **state)
 
 static void test_E12_E15_session_ended_and_unanswered_details_decode(void **state)
 {
-    /* SessionEnded{CLOSED, "the session has ended"} from wire.md §6. */
+    /* SessionEnded{CLOSED, "the session has ended"} from docs/wire.md §6.2. */
     json_t *d = json_pack("[{s:s, s:s}]", "type", "plimsoll.v1.SessionEnded", "value",
                           "CAESFXRoZSBzZXNzaW9uIGhhcyBlbmRlZA");
     plm_details det;

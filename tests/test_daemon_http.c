@@ -5,7 +5,7 @@
  * header and SessionEnded; the request-id echo; Describe; records and chains
  * (recomputed with libplimsoll's digest functions); sessions, caps and ends.
  *
- * Tests are named after the conformance items they check (shared/spec/conformance.md).
+ * Tests are named after the conformance items they check (docs/conformance.md).
  * Nothing waits on a fixed sleep: the daemon's own test endpoint or a bounded poll on
  * an observable condition stands in for synchronisation.
  */
@@ -226,7 +226,7 @@ static void http_post(const char *url, const char *path, const req_opts *o, cons
 }
 
 /* A call with `token` and a fresh request id; the id must come back, whatever the
- * outcome (wire.md §1). */
+ * outcome (docs/wire.md §1). */
 static void call_as(const sbx_proc *p, const char *token, const char *method, const char *body,
                     answer *a)
 {
@@ -626,7 +626,7 @@ static json_t *close_ok(const sbx_proc *p, const session *s)
     return o;
 }
 
-/* Close must report the client's own count and last digest (records.md §7.3). */
+/* Close must report the client's own count and last digest (docs/records.md §7.3). */
 static void close_expect(const sbx_proc *p, const session *s, const char *ended)
 {
     json_t *o = close_ok(p, s);
@@ -765,7 +765,7 @@ static void test_D01_open_answers_a_capability_and_its_fingerprint_never_logged(
     const char *id = jstr(o, "sessionId");
     assert_int_equal(strlen(id), 32);
     assert_int_equal(strspn(id, "0123456789abcdef"), 32);
-    /* The fingerprint is the plain SHA-256 of the id's bytes (records.md §1). */
+    /* The fingerprint is the plain SHA-256 of the id's bytes (docs/records.md §1). */
     unsigned char h[32];
     SHA256((const unsigned char *)id, 32, h);
     char fp[65];
@@ -959,7 +959,7 @@ static void test_D05_malformed_envelopes_and_payloads_are_invalid_argument(void 
         "{\"protocol\": 3, \"javascript\": {\"code\": 1}}",
         "{\"protocol\": 3, \"timeoutMs\": \"soon\", \"javascript\": {\"code\": \"1\"}}",
         "{\"protocol\": 3, \"timeoutMs\": 3000000000, \"javascript\": {\"code\": \"1\"}}",
-        /* software rules (records.md §5) */
+        /* software rules (docs/records.md §5.1) */
         "{\"protocol\": 3, \"softwareRule\": {\"mode\": \"exact\", \"identities\": [\"a\", \"b\"]},"
         " \"javascript\": {\"code\": \"1\"}}",
         "{\"protocol\": 3, \"softwareRule\": {\"mode\": \"approved\", \"identities\": []},"

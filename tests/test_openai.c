@@ -799,7 +799,7 @@ static const json_t *call_at(const json_t *reply, size_t i)
   return json_array_get(json_object_get(reply, "tool_calls"), i);
 }
 
-/* Servers that reuse index 0 for a second call with a new id (notes §3.9). */
+/* Servers that reuse index 0 for a second call with a new id (docs/architecture.md §6.2). */
 static void test_openai_stream_reused_index_with_a_new_id_starts_a_new_call(void **state)
 {
   (void)state;

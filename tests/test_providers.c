@@ -1009,7 +1009,7 @@ static void test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline(v
 
 /* ---------------------------------------------------------------- software identity */
 
-/* wire.md §5.1/§6, records.md §5, R14: Describe states each environment's software
+/* docs/wire.md §5.1 and §6, docs/records.md §5, R14: Describe states each environment's software
  * identity (kind:platform@sha256:<64 hex>), every answer and record states the one it
  * ran, a rule naming it is met and a rule naming anything else is refused `environment`
  * before anything runs -- for single runs and sessions alike. */
