@@ -1697,7 +1697,5 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_S04_session_id_never_leaks_into_errors_or_results, reset_proxy, stop_tap),
         cmocka_unit_test_setup_teardown(test_W24_keep_alive_one_connection_for_sequential_calls, reset_proxy, stop_tap),
     };
-    if (getenv("TEST_FILTER"))
-        cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

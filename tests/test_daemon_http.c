@@ -2193,7 +2193,5 @@ int main(void)
         cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
         cmocka_unit_test(test_I11_9_past_the_connection_cap_the_oldest_stranger_makes_room),
     };
-    if (getenv("TEST_FILTER")) /* e.g. "test_I11_*" while working */
-        cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -11,7 +11,7 @@
  *
  * BERTH_TEST_PROVIDERS=bwrap,process limits the run to those groups (and skips the
  * start-up group: --provider auto, a missing interpreter, the embedded kernels);
- * BERTH_TEST_FILTER=PATTERN runs only the tests whose names match (cmocka's filter).
+ * TEST_FILTER=PATTERN runs only the tests whose names match (tests/lib/testfilter.c).
  *
  * Waits are bounded and observable: daemon start-up (its listening line), the daemon's
  * log (a suspend), calls' own answers.
@@ -1869,8 +1869,6 @@ int main(void)
         cmocka_unit_test(test_D17_D24_files_over_the_disk_budget_end_the_session),
         cmocka_unit_test(test_kernels_embedded_in_the_binary_match_their_sources),
     };
-    if (getenv("BERTH_TEST_FILTER")) /* e.g. "test_D5?_*" (* and ?) while working */
-        cmocka_set_test_filter(getenv("BERTH_TEST_FILTER"));
     P = NULL;
     int failed = getenv("BERTH_TEST_PROVIDERS") ? 0 : cmocka_run_group_tests_name("start-up", startup, NULL, NULL);
     const char *only = getenv("BERTH_TEST_PROVIDERS"); /* e.g. "bwrap,process" while working */

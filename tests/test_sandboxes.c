@@ -1627,8 +1627,6 @@ static int group_teardown(void **state)
 int main(void)
 {
     plm_global_init();
-    if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER='test_X1*' */
-        cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         T(test_X01_X05_invalid_keys_are_refused_marked_request),
         T(test_X02_X03_key_encodings_never_alias),

@@ -1116,7 +1116,5 @@ int main(void)
     cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
     cmocka_unit_test(test_I11_local_sandboxd_killed_is_restarted),
   };
-  if (getenv("TEST_FILTER"))
-    cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

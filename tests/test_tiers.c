@@ -14,7 +14,7 @@
  *
  * Each provider's tests run in their own group against one daemon; a provider whose
  * start-up smoke test fails here is skipped with the reason.  BERTH_TEST_PROVIDERS and
- * BERTH_TEST_FILTER work as in test_providers.c.  Needs root for the uid, cgroup and
+ * TEST_FILTER work as in test_providers.c.  Needs root for the uid, cgroup and
  * root-owned-file assertions (sandboxd is root in make test).
  */
 #include <setjmp.h>
@@ -595,8 +595,6 @@ int main(void)
         cmocka_unit_test(test_T10_a_stopped_daemon_leaves_no_cgroup_directory),
         cmocka_unit_test(test_T10_the_next_start_reaps_a_killed_daemons_cgroups),
     };
-    if (getenv("BERTH_TEST_FILTER"))
-        cmocka_set_test_filter(getenv("BERTH_TEST_FILTER"));
     const char *only = getenv("BERTH_TEST_PROVIDERS");
     int failed = 0;
     for (size_t i = 0; i < sizeof providers / sizeof providers[0]; i++) {
