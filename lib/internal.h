@@ -22,10 +22,7 @@ char *plm_strdup(const char *s);       /* NULL stays NULL */
 char *plm_strdup_or_empty(const char *s);
 char *plm_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* ---- UTF-8 (utf8.c) */
-bool plm_utf8_valid(const char *s, size_t len);
-/* A copy with every ill-formed sequence replaced by U+FFFD. */
-char *plm_utf8_lossy(const unsigned char *s, size_t len);
+/* ---- UTF-8 (utf8.c): public, in plimsoll.h */
 
 /* ---- base64 (base64.c), through OpenSSL */
 /* Lenient decode: standard or URL-safe alphabet, padding optional.  Returns 0 and a

@@ -122,8 +122,8 @@ plm_error *plm_map_result(const json_t *resp, plm_record *rec, plm_result **out)
             plm_jbool(plm_jget(p, "interpreterEnded", "interpreter_ended"), "interpreterEnded",
                       &r->interpreter_ended, &err) < 0)
             goto fail;
-        r->stdout_text = plm_utf8_lossy(r->stdout_bytes.data, r->stdout_bytes.len);
-        r->stderr_text = plm_utf8_lossy(r->stderr_bytes.data, r->stderr_bytes.len);
+        r->stdout_text = plm_utf8_lossy(r->stdout_bytes.data, r->stdout_bytes.len, NULL);
+        r->stderr_text = plm_utf8_lossy(r->stderr_bytes.data, r->stderr_bytes.len, NULL);
     } else if (r->kind == PLM_KIND_PROJECT) {
         p = plm_jget(resp, "project", NULL);
         if (!json_is_object(p)) {

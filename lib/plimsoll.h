@@ -185,6 +185,20 @@ json_t *plm_record_to_json(const plm_record *rec);
 bool plm_meets(const char *tier, const char *floor);
 bool plm_valid_floor(const char *floor);           /* "", process, container, kernel, vm */
 
+/* ---------------------------------------------------------------- UTF-8 */
+
+/* The project's one UTF-8 checker (RFC 3629: no overlongs, no surrogates, nothing past
+ * U+10FFFF), public so that berth and sandboxd use the same one.  Thread-safe, no
+ * allocation but plm_utf8_lossy's result.
+ *   plm_utf8_sequence: the length (1-4) of the well-formed sequence at s[0..n), or 0.
+ *   plm_utf8_valid: whether all of s[0..len) is well-formed (NUL bytes are).
+ *   plm_utf8_lossy: a malloc'd, NUL-terminated copy in which each ill-formed part is
+ *   U+FFFD (maximal subparts, as WHATWG's decoder), its length in *out_len when not
+ *   NULL; NULL when out of memory.  Free it with free(). */
+size_t plm_utf8_sequence(const unsigned char *s, size_t n);
+bool plm_utf8_valid(const char *s, size_t len);
+char *plm_utf8_lossy(const unsigned char *s, size_t len, size_t *out_len);
+
 /* ---------------------------------------------------------------- cancellation */
 
 /* A cancellation handle (the reference's AbortSignal).  Firing it cancels every

@@ -43,7 +43,7 @@ static char *stream_text(const plm_bytes *b)
     for (size_t i = 0; i < len; i++)
         nuls += b->data[i] == 0;
     if (!nuls)
-        return plm_utf8_lossy(len ? b->data : (const unsigned char *)"", len);
+        return plm_utf8_lossy(len ? b->data : (const unsigned char *)"", len, NULL);
     unsigned char *clean = malloc(len + 2 * nuls + 1);
     if (!clean)
         return NULL;
@@ -56,7 +56,7 @@ static char *stream_text(const plm_bytes *b)
             o += 3;
         }
     }
-    char *text = plm_utf8_lossy(clean, o);
+    char *text = plm_utf8_lossy(clean, o, NULL);
     free(clean);
     return text;
 }

@@ -11,8 +11,7 @@
 #include <emmintrin.h>
 #endif
 
-/* Length of the well-formed sequence at s[0..n), or 0 when it is ill-formed. */
-static size_t seq_len(const unsigned char *s, size_t n)
+size_t plm_utf8_sequence(const unsigned char *s, size_t n)
 {
     unsigned char c = s[0];
     if (c < 0x80)
@@ -72,7 +71,7 @@ bool plm_utf8_valid(const char *str, size_t len)
         i += ascii_run(s + i, len - i);
         if (i == len)
             break;
-        size_t k = seq_len(s + i, len - i);
+        size_t k = plm_utf8_sequence(s + i, len - i);
         if (k == 0)
             return false;
         i += k;
@@ -81,7 +80,7 @@ bool plm_utf8_valid(const char *str, size_t len)
 }
 
 /* Maximal-subpart replacement: one U+FFFD per ill-formed byte run start, as WHATWG. */
-char *plm_utf8_lossy(const unsigned char *s, size_t len)
+char *plm_utf8_lossy(const unsigned char *s, size_t len, size_t *out_len)
 {
     if (plm_utf8_valid((const char *)s, len)) {
         char *copy = malloc(len + 1);
@@ -89,6 +88,8 @@ char *plm_utf8_lossy(const unsigned char *s, size_t len)
             memcpy(copy, s, len);
             copy[len] = '\0';
         }
+        if (out_len)
+            *out_len = len;
         return copy;
     }
     char *out = malloc(len * 3 + 1);
@@ -96,7 +97,7 @@ char *plm_utf8_lossy(const unsigned char *s, size_t len)
         return NULL;
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        size_t k = seq_len(s + i, len - i);
+        size_t k = plm_utf8_sequence(s + i, len - i);
         if (k > 0) {
             memcpy(out + o, s + i, k);
             o += k;
@@ -124,5 +125,7 @@ char *plm_utf8_lossy(const unsigned char *s, size_t len)
         i += skip;
     }
     out[o] = '\0';
+    if (out_len)
+        *out_len = o;
     return out;
 }

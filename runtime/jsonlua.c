@@ -2,6 +2,7 @@
  * jsonlua.c — jansson <-> Lua conversion and the `json` module (rules in jsonlua.h).
  */
 #include "jsonlua.h"
+#include "plimsoll.h"  /* the one UTF-8 checker */
 
 #include <math.h>
 #include <stdbool.h>
@@ -142,53 +143,12 @@ static int conv_error(lua_State *L, jbox *b, const char *what)
   return luaL_error(L, "cannot encode %s as JSON at %s", what, lua_tostring(L, -1));
 }
 
-/* A copy of s with each ill-formed UTF-8 sequence replaced by U+FFFD. */
-static char *utf8_sanitize(const char *s, size_t len, size_t *outlen)
-{
-  char *out = malloc(len * 3 + 1);
-  size_t o = 0;
-  if (!out)
-    return NULL;
-  for (size_t i = 0; i < len;) {
-    unsigned char c = (unsigned char)s[i];
-    size_t n = 0;
-    unsigned long cp = 0;
-    if (c < 0x80) { out[o++] = (char)c; i++; continue; }
-    else if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
-    bool ok = n > 0 && i + n <= len;
-    for (size_t k = 1; ok && k < n; k++) {
-      unsigned char cc = (unsigned char)s[i + k];
-      if ((cc & 0xC0) != 0x80)
-        ok = false;
-      else
-        cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (ok && ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-               (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))))
-      ok = false;
-    if (ok) {
-      memcpy(out + o, s + i, n);
-      o += n;
-      i += n;
-    } else {
-      memcpy(out + o, "\xEF\xBF\xBD", 3);
-      o += 3;
-      i++;
-    }
-  }
-  out[o] = '\0';
-  *outlen = o;
-  return out;
-}
-
 static json_t *make_string(const char *s, size_t len)
 {
   json_t *j = json_stringn(s, len);
   if (!j) {                     /* ill-formed UTF-8 */
     size_t n;
-    char *clean = utf8_sanitize(s, len, &n);
+    char *clean = plm_utf8_lossy((const unsigned char *)s, len, &n);
     if (clean)
       j = json_stringn_nocheck(clean, n);
     free(clean);
@@ -201,7 +161,7 @@ static int set_key(json_t *obj, const char *k, size_t klen, json_t *v)
   if (json_object_setn_new(obj, k, klen, v) == 0)
     return 0;
   size_t n;
-  char *clean = utf8_sanitize(k, klen, &n);
+  char *clean = plm_utf8_lossy((const unsigned char *)k, klen, &n);
   int rc = clean ? json_object_setn_new_nocheck(obj, clean, n, v) : -1;
   free(clean);
   return rc;

@@ -32,6 +32,7 @@
  */
 #include "openai.h"
 #include "sse.h"
+#include "plimsoll.h"  /* the one UTF-8 checker */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -125,38 +126,6 @@ static bool buf_eq(const oai_buf *b, const char *t, size_t n)
   return b->len == n && (n == 0 || memcmp(b->s, t, n) == 0);
 }
 
-/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no overlongs, no
- * surrogates, nothing past U+10FFFF), or 0. */
-static size_t u8_seq(const unsigned char *p, size_t n)
-{
-  unsigned char c = p[0], lo = 0x80, hi = 0xBF;
-  size_t need;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xC2 && c <= 0xDF)
-    need = 2;
-  else if (c == 0xE0)
-    need = 3, lo = 0xA0;
-  else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
-    need = 3;
-  else if (c == 0xED)
-    need = 3, hi = 0x9F;
-  else if (c == 0xF0)
-    need = 4, lo = 0x90;
-  else if (c >= 0xF1 && c <= 0xF3)
-    need = 4;
-  else if (c == 0xF4)
-    need = 4, hi = 0x8F;
-  else
-    return 0;
-  if (n < need || p[1] < lo || p[1] > hi)
-    return 0;
-  for (size_t k = 2; k < need; k++)
-    if ((p[k] & 0xC0) != 0x80)
-      return 0;
-  return need;
-}
-
 /* U+10FF80..U+10FFFF: the code points that stand for raw bytes. */
 static bool u8_reserved(const unsigned char *p, size_t len)
 {
@@ -168,7 +137,7 @@ static size_t u8_check(const char *s, size_t n)
 {
   const unsigned char *p = (const unsigned char *)s;
   size_t i = 0, k;
-  while (i < n && (k = u8_seq(p + i, n - i)) != 0)
+  while (i < n && (k = plm_utf8_sequence(p + i, n - i)) != 0)
     i += k;
   return i;
 }
@@ -180,7 +149,7 @@ static json_t *oai_load(berth_oai_stream *s, const char *d, size_t n, json_error
   size_t i = 0, k, extra = 0;
   s->mapped = false;
   for (i = 0; i < n; i += k ? k : 1) {
-    k = u8_seq(p + i, n - i);
+    k = plm_utf8_sequence(p + i, n - i);
     if (k == 0)
       extra += 3;
     else if (u8_reserved(p + i, k))
@@ -195,7 +164,7 @@ static json_t *oai_load(berth_oai_stream *s, const char *d, size_t n, json_error
   }
   size_t o = 0;
   for (i = 0; i < n;) {
-    k = u8_seq(p + i, n - i);
+    k = plm_utf8_sequence(p + i, n - i);
     if (k && !u8_reserved(p + i, k)) {
       memcpy(m + o, p + i, k);
       o += k;

@@ -798,33 +798,6 @@ static bool json_type_ok(struct MHD_Connection *conn)
                                                           ct[16] == ' ');
 }
 
-/* Length of the well-formed UTF-8 sequence at s[0..n) (RFC 3629), or 0. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-  unsigned char c = s[0], lo = 0x80, hi = 0xBF;
-  size_t len;
-  if (c < 0x80)
-    return 1;
-  if (c >= 0xC2 && c <= 0xDF)
-    len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    lo = c == 0xE0 ? 0xA0 : lo;
-    hi = c == 0xED ? 0x9F : hi;  /* no surrogates */
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    lo = c == 0xF0 ? 0x90 : lo;
-    hi = c == 0xF4 ? 0x8F : hi;
-  } else
-    return 0;
-  if (n < len || s[1] < lo || s[1] > hi)
-    return 0;
-  for (size_t i = 2; i < len; i++)
-    if (s[i] < 0x80 || s[i] > 0xBF)
-      return 0;
-  return len;
-}
-
 /* A reason for a refusal, made fit for the error body: jansson's parse errors quote
  * the bytes they stopped at and "%.64s" may cut a character, but the body is JSON,
  * which takes only UTF-8 (else the caller would get "{}"): ill-formed bytes become
@@ -842,7 +815,7 @@ static char *msg(const char *fmt, ...)
     return strdup("?");
   unsigned char *p = (unsigned char *)s;
   for (size_t n = strlen(s), i = 0; i < n;) {
-    size_t len = utf8_seq(p + i, n - i);
+    size_t len = plm_utf8_sequence(p + i, n - i);
     if (len == 0) {
       p[i] = '?';
       len = 1;

@@ -40,11 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plimsoll.h"              /* the one UTF-8 checker */
+
 berth_error *berth_error_new(const char *code, const char *fmt, ...)
   __attribute__((format(printf, 2, 3)));
 double berth_clock(void);
-bool plm_utf8_valid(const char *s, size_t len);             /* lib/utf8.c */
-char *plm_utf8_lossy(const unsigned char *s, size_t len);
 
 /* How long a batch, a read or a connection attempt may wait for the server, unless
  * the URL's connect_timeout says otherwise. */
@@ -301,7 +301,7 @@ static bool send_prepared(pg *p, int stmt, int n, const char *const *vals)
   for (int i = 0; i < n; i++) {
     v[i] = vals[i];
     if (vals[i] && !plm_utf8_valid(vals[i], strlen(vals[i])))
-      v[i] = lossy[i] = plm_utf8_lossy((const unsigned char *)vals[i], strlen(vals[i]));
+      v[i] = lossy[i] = plm_utf8_lossy((const unsigned char *)vals[i], strlen(vals[i]), NULL);
   }
   bool ok = PQsendQueryPrepared(p->conn, stmt_name(stmt), n, v, NULL, NULL, 0) == 1;
   for (int i = 0; i < n; i++)
