@@ -10,13 +10,19 @@ WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter \
 ifdef CI
 WARN     += -Werror
 endif
-PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
-CPPFLAGS += -D_GNU_SOURCE -Ilib $(PQ_CFLAGS)
+# Each folder sees only the headers it may use: lib/ (libplimsoll) its own; httpd/ (what
+# both servers share) its own; sandboxd/ those and libplimsoll's; runtime/ (berth) those
+# and Lua's and the stores' client libraries; tests and benchmarks everything.
+# -MMD -MP: each object depends on the headers it really includes (build/obj/**/*.d).
+CPPFLAGS += -D_GNU_SOURCE -MMD -MP
 CFLAGS   += -std=c11 $(OPT) $(WARN) -fPIC
 LIBDEPS   = libcurl jansson openssl
 PKGLIBS   = $(shell pkg-config --libs $(LIBDEPS) 2>/dev/null)
-LDLIBS   += $(PKGLIBS) -lsqlite3 -lpq -lev -lm
+LDLIBS   += $(PKGLIBS) -lev -lm
 MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
+PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
+# The conversation stores' engines (runtime/store/): SQLite and PostgreSQL's libpq.
+STORE_LIBS = -lsqlite3 -lpq
 
 # Debian 12 packages the project needs to build, test and demo.  Debian's npm is added
 # only where no npm is on the PATH (a Node.js from elsewhere ships its own and conflicts
@@ -40,9 +46,20 @@ TEST_SH  := $(sort $(wildcard tests/test_*.sh))
 # runtime/: the berth host.  main.c is the CLI; the rest is libberth (embeddable).
 LUA_CFLAGS = $(shell pkg-config --cflags lua5.4 2>/dev/null)
 LUA_LIBS   = $(shell pkg-config --libs lua5.4 2>/dev/null)
-# GNU readline: the line editing of `berth chat` (runtime/cli.c, linked only into berth).
+# GNU readline: the line editing of `berth chat` (runtime/cli.c).
 RL_LIBS    = -lreadline
+HTTPD_SRC := $(sort $(wildcard httpd/*.c))
+HTTPD_OBJ := $(HTTPD_SRC:%.c=$(BUILD)/obj/%.o)
 RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c runtime/store/*.c)))
+# What a program that embeds berth links after libberth.a and libplimsoll.a.
+RT_LIBS   = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS)
+# (-iquote: a project header never hides a system one, such as sandboxd/seccomp.h.)
+DIR_lib      = -iquote lib
+DIR_httpd    = -iquote httpd
+DIR_sandboxd = -iquote lib -iquote httpd -iquote sandboxd
+DIR_runtime  = -iquote lib -iquote httpd -iquote runtime $(LUA_CFLAGS) $(PQ_CFLAGS)
+DIR_tests    = $(DIR_runtime) -iquote tests/lib
+DIR_bench    = $(DIR_tests)
 RT_OBJ   := $(RT_SRC:%.c=$(BUILD)/obj/%.o)
 MOD_SRC  := $(sort $(wildcard runtime/module/*.c))
 MOD_OBJ  := $(MOD_SRC:%.c=$(BUILD)/obj/%.o)
@@ -72,9 +89,12 @@ deps:
 	@# the browser test's driver (puppeteer-core: it never downloads a browser)
 	@[ -d tests/browser/node_modules ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 
-$(BUILD)/obj/%.o: %.c $(wildcard lib/*.h sandboxd/*.h tests/lib/*.h runtime/*.h runtime/store/*.h)
+# The include paths of a source file are its top folder's (DIR_<folder>).
+$(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(DIR_$(firstword $(subst /, ,$*))) $(CFLAGS) -c $< -o $@
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # The kernels are edited as Python and JavaScript; sandboxd carries them as C strings.
 sandboxd/kernels.c: sandboxd/kernels/kernel.py sandboxd/kernels/kernel.js sandboxd/kernels/embed.py
@@ -85,13 +105,13 @@ runtime/web/assets.c: runtime/web/index.html runtime/web/app.js runtime/web/styl
 	python3 runtime/web/embed.py
 $(BUILD)/obj/runtime/web.o: runtime/web/assets.c
 
-$(BUILD)/libberth.a: $(RT_OBJ)
+$(BUILD)/libberth.a: $(RT_OBJ) $(HTTPD_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
 # -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
 $(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
-	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) $(RL_LIBS)
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(RT_LIBS)
 
 $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
@@ -99,14 +119,22 @@ $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 
 $(BUILD)/examples/%: runtime/examples/%.c $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_runtime) $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(RT_LIBS)
 
 $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libplimsoll.so: $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libplimsoll.so.0 -o $@ $^ $(LDFLAGS) $(LDLIBS)
+# Only the public API leaves the shared library: a version script lists every plm_
+# function the public headers declare; the rest of lib/ (internal.h) stays local.
+$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h
+	@mkdir -p $(dir $@)
+	@{ echo '{ global:'; grep -ohE '\bplm_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
+	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
+
+$(BUILD)/libplimsoll.so: $(LIB_OBJ) $(BUILD)/plimsoll.map
+	$(CC) -shared -Wl,-soname,libplimsoll.so.0 -Wl,--version-script=$(BUILD)/plimsoll.map \
+	  -o $@ $(LIB_OBJ) $(LDFLAGS) $(LDLIBS)
 
 # The prefix is part of the file: remade whenever PREFIX differs from the one it holds,
 # so `make` then `make install PREFIX=/opt/x` installs a .pc that points at /opt/x.
@@ -115,16 +143,16 @@ $(BUILD)/plimsoll.pc: lib/plimsoll.pc.in $(PC_STALE)
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
-$(BUILD)/sandboxd: $(SBX_OBJ) $(BUILD)/libplimsoll.a
-	$(CC) $(LDFLAGS) -o $@ $(SBX_OBJ) $(BUILD)/libplimsoll.a $(MHDLIBS) $(LDLIBS) -lseccomp
+$(BUILD)/sandboxd: $(SBX_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.a
+	$(CC) $(LDFLAGS) -o $@ $(SBX_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.a $(MHDLIBS) $(LDLIBS) -lseccomp
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(wildcard lib/*.h tests/lib/*.h runtime/*.h runtime/store/*.h) $(if $(RT_SRC),$(BUILD)/libberth.a)
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS) -lcmocka
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_tests) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(RT_LIBS) -lcmocka
 
-$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(if $(RT_SRC),$(BUILD)/libberth.a)
+$(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(LUA_CFLAGS) -Iruntime -Itests/lib $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(if $(RT_SRC),$(BUILD)/libberth.a) $(BUILD)/libplimsoll.a $(LDFLAGS) $(LUA_LIBS) $(MHDLIBS) $(LDLIBS)
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_bench) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(RT_LIBS) -lcmocka
 
 test: deps
 	@$(MAKE) --no-print-directory all tests
@@ -166,18 +194,19 @@ FUZZ_SECONDS ?= 30
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_SRCS_fuzz_frames := sandboxd/frames.c
-FUZZ_SRCS_fuzz_scripted := $(RT_SRC)
-FUZZ_SRCS_fuzz_serve := $(RT_SRC)
-FUZZ_CFLAGS_fuzz_scripted = $(LUA_CFLAGS) -Iruntime
-FUZZ_CFLAGS_fuzz_serve = $(LUA_CFLAGS) -Iruntime
-FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(RL_LIBS)
-FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(RL_LIBS)
+FUZZ_SRCS_fuzz_scripted := $(RT_SRC) $(HTTPD_SRC)
+FUZZ_SRCS_fuzz_serve := $(RT_SRC) $(HTTPD_SRC)
+FUZZ_CFLAGS_fuzz_frames = -iquote sandboxd
+FUZZ_CFLAGS_fuzz_scripted = $(DIR_runtime)
+FUZZ_CFLAGS_fuzz_serve = $(DIR_runtime)
+FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
+FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
 build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/*.h)
-build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(wildcard runtime/*.h)
+build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(HTTPD_SRC) $(wildcard runtime/*.h httpd/*.h)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Ilib $(PQ_CFLAGS) $(FUZZ_CFLAGS_$*) \
-	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lsqlite3 -lpq -lev -lm
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -iquote lib $(FUZZ_CFLAGS_$*) \
+	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lev -lm
 
 # Inputs kept in tests/fuzz/regressions/<name> (crashes found before) seed the run too.
 # A crash is copied there, so that once fixed it stays a regression input `make test`
@@ -206,9 +235,9 @@ FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzzreplay/%)
 $(foreach h,$(FUZZ_SRC:tests/fuzz/%.c=%),$(eval \
   $(BUILD)/fuzzreplay/$(h): $(FUZZ_SRCS_$(h):%.c=$(BUILD)/obj/%.o)))
 $(BUILD)/fuzzreplay/%: tests/fuzz/%.c tests/fuzz/replay.c $(BUILD)/libplimsoll.a \
-                       $(wildcard lib/*.h runtime/*.[ch] sandboxd/*.[ch])
+                       $(wildcard runtime/*.[ch] sandboxd/*.[ch])
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(FUZZ_CFLAGS_$*) $(CFLAGS) -DREPLAY_NAME='"$*"' \
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d -iquote lib $(FUZZ_CFLAGS_$*) $(CFLAGS) -DREPLAY_NAME='"$*"' \
 	  -DREPLAY_DIR='"$(CURDIR)/tests/fuzz"' -o $@ $< tests/fuzz/replay.c \
 	  $(FUZZ_SRCS_$*:%.c=$(BUILD)/obj/%.o) $(BUILD)/libplimsoll.a $(LDFLAGS) $(FUZZ_LIBS_$*) $(LDLIBS)
 tests: $(FUZZ_REPLAY)

@@ -35,7 +35,8 @@
 #include "plimsoll.h"
 #include "store/store.h"
 #include "web.h"
-#include "../sandboxd/connguard.h"
+#include "connguard.h"           /* httpd/: what serve shares with sandboxd */
+#include "listen.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1561,58 +1562,6 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
   }
 }
 
-static int bind_listener(const char *spec, unsigned *port, char **why)
-{
-  char host[256];
-  const char *colon = strrchr(spec, ':');
-  if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host || !colon[1]) {
-    *why = strdup("--listen needs HOST:PORT");
-    return -1;
-  }
-  memcpy(host, spec, (size_t)(colon - spec));
-  host[colon - spec] = '\0';
-  if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-    memmove(host, host + 1, strlen(host));
-    host[strlen(host) - 1] = '\0';
-  }
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  int rc = getaddrinfo(host, colon + 1, &hints, &res);
-  if (rc != 0) {
-    if (asprintf(why, "cannot resolve %s: %s", host, gai_strerror(rc)) < 0)
-      *why = NULL;
-    return -1;
-  }
-  int fd = -1, last = 0;
-  for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) {
-      last = errno;
-      continue;
-    }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 4096) != 0) {
-      last = errno;
-      close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0) {
-    if (asprintf(why, "cannot listen on %s: %s", spec, strerror(last)) < 0)
-      *why = NULL;
-    return -1;
-  }
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &sl);
-  *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                         : ((struct sockaddr_in *)&ss)->sin_port);
-  return fd;
-}
 
 /* }====================================================== */
 
@@ -2041,7 +1990,7 @@ int berth_cmd_serve(int argc, char **argv)
 
   unsigned port = 0;
   char *why = NULL;
-  s->listen_fd = bind_listener(a.listen, &port, &why);
+  s->listen_fd = httpd_listen_spec(a.listen, "--listen", 4096, &port, &why);
   if (s->listen_fd < 0) {
     slog(s, "%s", why ? why : "cannot listen");
     free(why);

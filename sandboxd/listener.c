@@ -3,6 +3,8 @@
  */
 #include "listener.h"
 
+#include "listen.h"  /* httpd/: shared with berth serve */
+
 #include "log.h"
 #include "util.h"
 
@@ -52,41 +54,7 @@ struct sbx_listener {
 
 int sbx_listen_bind(const char *host, const char *port, unsigned *bound_port, char **why)
 {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int rc = getaddrinfo(host, port, &hints, &res);
-    if (rc != 0) {
-        *why = sbx_printf("cannot resolve %s: %s", host, gai_strerror(rc));
-        return -1;
-    }
-    int fd = -1, last_errno = 0;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (fd < 0) {
-            last_errno = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, BACKLOG) != 0) {
-            last_errno = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(res);
-    if (fd < 0) {
-        *why = sbx_printf("cannot listen on %s:%s: %s", host, port, strerror(last_errno));
-        return -1;
-    }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
+    return httpd_listen(host, port, BACKLOG, bound_port, why);
 }
 
 /* ---------------------------------------------------------------- one connection */
