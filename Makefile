@@ -72,8 +72,9 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 .SECONDARY:
 
 FORCE:
-.PHONY: FORCE all deps test demo bench install clean check-asan check-valgrind fuzz
-RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/berth) \
+.PHONY: FORCE all deps test demo bench install uninstall clean check-asan check-valgrind fuzz
+RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/libberth.so \
+                $(BUILD)/berth $(BUILD)/berth.pc) \
               $(if $(MOD_SRC),$(BUILD)/lua/plimsoll.so) $(EXAMPLE_BIN)
 all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/plimsoll.pc $(RT_TARGETS)
 
@@ -109,6 +110,17 @@ $(BUILD)/libberth.a: $(RT_OBJ) $(HTTPD_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The shared libberth exports the functions of its public headers (berth.h, model.h)
+# and needs libplimsoll.so.0.
+$(BUILD)/berth.map: runtime/berth.h runtime/model.h
+	@mkdir -p $(dir $@)
+	@{ echo '{ global:'; grep -ohE '\bberth_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
+	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
+
+$(BUILD)/libberth.so: $(RT_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.so $(BUILD)/berth.map
+	$(CC) -shared -Wl,-soname,libberth.so.0 -Wl,--version-script=$(BUILD)/berth.map \
+	  -o $@ $(RT_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.so $(LDFLAGS) $(RT_LIBS)
+
 # -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
 $(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
 	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(RT_LIBS)
@@ -140,6 +152,10 @@ $(BUILD)/libplimsoll.so: $(LIB_OBJ) $(BUILD)/plimsoll.map
 # so `make` then `make install PREFIX=/opt/x` installs a .pc that points at /opt/x.
 PC_STALE := $(shell grep -qx 'prefix=$(PREFIX)' $(BUILD)/plimsoll.pc 2>/dev/null || echo FORCE)
 $(BUILD)/plimsoll.pc: lib/plimsoll.pc.in $(PC_STALE)
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+BERTH_PC_STALE := $(shell grep -qx 'prefix=$(PREFIX)' $(BUILD)/berth.pc 2>/dev/null || echo FORCE)
+$(BUILD)/berth.pc: runtime/berth.pc.in $(BERTH_PC_STALE)
 	@mkdir -p $(dir $@)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
@@ -179,7 +195,11 @@ check-asan: deps
 	  LDFLAGS="$(SAN)" all tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) \
-	  $(FUZZ_REPLAY:$(BUILD)/%=build-asan/%) $(TEST_SH)
+	  $(FUZZ_REPLAY:$(BUILD)/%=build-asan/%) $(filter-out $(NOT_UNDER_ASAN),$(TEST_SH))
+# test_install.sh builds a program and loads a Lua module the way a user would, with
+# the system's compiler and stock lua5.4, which cannot take sanitized libraries: it
+# runs in `make test` only.
+NOT_UNDER_ASAN := tests/test_install.sh
 
 # Memcheck over the C test programs: any error or definite leak fails the run.
 check-valgrind: deps
@@ -242,23 +262,40 @@ $(BUILD)/fuzzreplay/%: tests/fuzz/%.c tests/fuzz/replay.c $(BUILD)/libplimsoll.a
 	  $(FUZZ_SRCS_$*:%.c=$(BUILD)/obj/%.o) $(BUILD)/libplimsoll.a $(LDFLAGS) $(FUZZ_LIBS_$*) $(LDLIBS)
 tests: $(FUZZ_REPLAY)
 
+# Installs like a library: versioned shared libraries, their headers and .pc files
+# (pkg-config --cflags --libs berth links an embedding program), the programs and their
+# man pages, the shipped scripts where berth finds them (PREFIX/share/berth/scripts),
+# and the Lua module where Debian's stock lua5.4 looks under that prefix
+# (INSTALL_CMOD: PREFIX/lib/lua/5.4, on its default package.cpath for /usr/local).
+INSTALL_CMOD ?= $(PREFIX)/lib/lua/5.4
+D = $(DESTDIR)$(PREFIX)
 install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 $(BUILD)/libplimsoll.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/libplimsoll.so $(DESTDIR)$(PREFIX)/lib/libplimsoll.so.0
-	ln -sf libplimsoll.so.0 $(DESTDIR)$(PREFIX)/lib/libplimsoll.so
-	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 $(BUILD)/plimsoll.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
-	install -m 755 $(BUILD)/sandboxd $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(PREFIX)/share/man/man8
-	install -m 644 sandboxd/sandboxd.8 $(DESTDIR)$(PREFIX)/share/man/man8/
-	if [ -x $(BUILD)/berth ]; then \
-	  install -d $(DESTDIR)$(PREFIX)/share/berth/scripts $(DESTDIR)$(PREFIX)/share/man/man1; \
-	  install -m 755 $(BUILD)/berth $(DESTDIR)$(PREFIX)/bin/; \
-	  install -m 644 $(BUILD)/libberth.a $(DESTDIR)$(PREFIX)/lib/; \
-	  install -m 644 runtime/berth.h $(DESTDIR)$(PREFIX)/include/; \
-	  install -m 644 scripts/*.lua $(DESTDIR)$(PREFIX)/share/berth/scripts/; \
-	  install -m 644 runtime/berth.1 $(DESTDIR)$(PREFIX)/share/man/man1/; fi
+	install -d $(D)/lib/pkgconfig $(D)/include $(D)/bin $(D)/share/man/man1 $(D)/share/man/man8 \
+	  $(D)/share/berth/scripts/examples $(DESTDIR)$(INSTALL_CMOD)
+	install -m 644 $(BUILD)/libplimsoll.a $(BUILD)/libberth.a $(D)/lib/
+	install -m 755 $(BUILD)/libplimsoll.so $(D)/lib/libplimsoll.so.0
+	install -m 755 $(BUILD)/libberth.so $(D)/lib/libberth.so.0
+	ln -sf libplimsoll.so.0 $(D)/lib/libplimsoll.so
+	ln -sf libberth.so.0 $(D)/lib/libberth.so
+	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h runtime/berth.h $(D)/include/
+	install -m 644 runtime/model.h $(D)/include/berth_model.h
+	install -m 644 $(BUILD)/plimsoll.pc $(BUILD)/berth.pc $(D)/lib/pkgconfig/
+	install -m 755 $(BUILD)/sandboxd $(BUILD)/berth $(D)/bin/
+	install -m 644 sandboxd/sandboxd.8 $(D)/share/man/man8/
+	install -m 644 runtime/berth.1 $(D)/share/man/man1/
+	install -m 644 scripts/*.lua scripts/.luacheckrc $(D)/share/berth/scripts/
+	install -m 644 scripts/examples/*.lua $(D)/share/berth/scripts/examples/
+	install -m 755 $(BUILD)/lua/plimsoll.so $(DESTDIR)$(INSTALL_CMOD)/
+	@echo "make install: the Lua module is $(INSTALL_CMOD)/plimsoll.so ($(if $(filter /usr/local,$(PREFIX)),on stock lua5.4's package.cpath,add $(INSTALL_CMOD)/?.so to LUA_CPATH_5_4 for stock lua5.4))"
+
+uninstall:
+	rm -f $(D)/lib/libplimsoll.a $(D)/lib/libberth.a $(D)/lib/libplimsoll.so.0 \
+	  $(D)/lib/libberth.so.0 $(D)/lib/libplimsoll.so $(D)/lib/libberth.so \
+	  $(D)/include/plimsoll.h $(D)/include/plimsoll_sandboxes.h $(D)/include/berth.h \
+	  $(D)/include/berth_model.h $(D)/lib/pkgconfig/plimsoll.pc $(D)/lib/pkgconfig/berth.pc \
+	  $(D)/bin/sandboxd $(D)/bin/berth $(D)/share/man/man8/sandboxd.8 \
+	  $(D)/share/man/man1/berth.1 $(DESTDIR)$(INSTALL_CMOD)/plimsoll.so
+	rm -rf $(D)/share/berth
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

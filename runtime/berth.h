@@ -343,6 +343,28 @@ bool berth_conv_take_cell_timing(berth_conv *c, berth_cell_timing *out);
 /* Frees the conversation; a hook call it still runs is ended. */
 void berth_conv_free(berth_conv *c);
 
+/* ---------------------------------------------------------------- a local sandboxd */
+
+/* A sandboxd this process starts and owns, for a host on one machine (the NPC example,
+ * berth chat): `sandboxd --listen 127.0.0.1:0 --provider P` with a random token in a
+ * private file.  path NULL: $BERTH_SANDBOXD, else next to this program (or ../bin of an
+ * installed prefix), else PATH; provider NULL: "auto" (the strongest whose smoke test
+ * passes here).  With a loop (libev's default loop: child watchers live there) it is
+ * started again when it dies, on the same address and token, and each conversation's
+ * next call gets a fresh sandbox.  Errors: "unavailable" (it would not start; its own
+ * words are on stderr).  The url and token are the daemon's for berth_options; the
+ * token is a secret: never log it. */
+typedef struct berth_sandboxd berth_sandboxd;
+berth_error *berth_sandboxd_start(struct ev_loop *loop, const char *path,
+                                  const char *provider, berth_sandboxd **out);
+const char *berth_sandboxd_url(const berth_sandboxd *d);
+const char *berth_sandboxd_token(const berth_sandboxd *d);
+/* SIGTERM, a bounded wait for its drain, SIGKILL if it hangs; frees d (NULL is fine). */
+void berth_sandboxd_stop(berth_sandboxd *d);
+/* The shipped scripts directory (code_chat.lua, npc.lua, examples/): $BERTH_SCRIPTS,
+ * else ../scripts or ../share/berth/scripts beside this program.  malloc'd, or NULL. */
+char *berth_scripts_dir(void);
+
 /* ---------------------------------------------------------------- models */
 
 /* A model adapter by spec ("scripted:FILE"; see runtime/README.md), on `loop`.

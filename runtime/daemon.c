@@ -3,6 +3,7 @@
  * token in a private file, port 0, and the daemon's own `listening URL` line.
  */
 #include "cli.h"
+#include "runtime.h"  /* berth_error_new */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -338,3 +339,39 @@ const char *berth_default_floor(const char *daemon_url)
 {
   return daemon_url && strncasecmp(daemon_url, "http://", 7) == 0 ? "container" : "kernel";
 }
+
+/* ---------------------------------------------------------------- public (berth.h) */
+
+struct berth_sandboxd {
+  berth_daemon d;
+};
+
+berth_error *berth_sandboxd_start(struct ev_loop *loop, const char *path,
+                                  const char *provider, berth_sandboxd **out)
+{
+  *out = NULL;
+  berth_sandboxd *s = calloc(1, sizeof *s);
+  if (!s)
+    return berth_error_new("resource_exhausted", "out of memory");
+  if (berth_daemon_start(&s->d, path, provider ? provider : "auto", false) != 0) {
+    free(s);
+    return berth_error_new("unavailable", "sandboxd did not start (its messages are above)");
+  }
+  if (loop)
+    berth_daemon_watch(&s->d, loop);
+  *out = s;
+  return NULL;
+}
+
+const char *berth_sandboxd_url(const berth_sandboxd *s) { return s->d.url; }
+const char *berth_sandboxd_token(const berth_sandboxd *s) { return s->d.token; }
+
+void berth_sandboxd_stop(berth_sandboxd *s)
+{
+  if (!s)
+    return;
+  berth_daemon_stop(&s->d);
+  free(s);
+}
+
+char *berth_scripts_dir(void) { return berth_find_scripts_dir(); }

@@ -9,9 +9,11 @@
 -- Memory and suspends: after the idle timeout the conversation suspends and its
 -- sandbox is disposed (as code_chat does), and a host with a sandbox cap may close an
 -- idle NPC's sandbox for another's.  The next cell then reports freshInterpreter: the
--- NPC rebuilds `seen` from its journal (ctx.journal, the lines in Lua) in one cell.
--- The journal is what makes the memory durable; the sandbox holds the working copy the
--- NPC's code queries.
+-- NPC rebuilds `seen` from its journal (ctx.state.journal, the lines in Lua) in one
+-- cell.  The journal is what makes the memory durable; the sandbox holds the working
+-- copy the NPC's code queries.  With a store (npc_server --store URL) ctx.state and
+-- ctx.messages are kept across restarts: after one, each NPC's first cell is in a
+-- fresh sandbox and it rebuilds from the journal the same way.
 --
 -- Events for the game (ctx:emit): toolCall / toolResult for every cell (ids "mem-<n>"
 -- and "rebuild-<n>"), delta / assistant for the NPC's spoken line.
@@ -50,7 +52,7 @@ end
 -- Records the line in the sandbox; rebuilds the whole memory there when the sandbox
 -- (or its interpreter) is new.
 local function remember(ctx, player, text)
-  local journal = ctx.journal
+  local journal = ctx.state.journal
   journal[#journal + 1] = json.array{player, text}
   local n = #journal
   local r, msg = cell(ctx, "mem-" .. n,
@@ -72,8 +74,8 @@ local function remember(ctx, player, text)
 end
 
 function M.onTurnStart(ctx)
-  if not ctx.journal then
-    ctx.journal = json.array{}
+  if not ctx.state.journal then
+    ctx.state.journal = json.array{}
   end
   sandbox.warm(ctx.runId, ctx.userId)
 end
@@ -88,8 +90,12 @@ function M.onTurn(ctx, message)
 
   local history = ctx.messages
   history[#history + 1] = {role = "user", content = player .. " says: " .. line.text}
-  while #history > M.historyLimit do
-    table.remove(history, 1)
+  if #history > M.historyLimit then
+    -- a new table, not one changed in place: the store then rewrites the history
+    local kept = json.array{}
+    table.move(history, #history - M.historyLimit + 1, #history, 1, kept)
+    history = kept
+    ctx.messages = kept
   end
   local request = json.array{{role = "system", content = persona(ctx)}}
   for i = 1, #history do

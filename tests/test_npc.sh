@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_npc.sh — the NPC game-server example (runtime/examples/npc_server.c with
 # scripts/npc.lua and scripts/npc_model.lua) with 200 NPCs against a real sandboxd
-# (provider echo), its --help and --version, and `berth serve --help`.  Prints
+# (provider echo), its --store keeping NPCs across restarts, its --help and --version,
+# and `berth serve --help`.  Prints
 # cmocka-style summary lines for tests/run.sh.
 set -u
 BUILD=${BUILD:-build}
@@ -59,6 +60,30 @@ test_idle_npcs_suspend() {
     [ "${n:-0}" -gt 0 ] || { echo "no NPC suspended"; return 1; }
 }
 
+# --store: a second run on the same SQLite file continues every NPC — its turns go on
+# from the first run's, its journal (ctx.state) holds both runs' lines, and its first
+# cell, in a fresh sandbox, rebuilds its memory from that journal.
+test_store_keeps_npcs_across_restarts() {
+    for run in 1 2; do
+        "$NPC" --npcs 10 --ticks 10 --tick-ms 10 --lines-per-tick 2 \
+            --sandboxd "$BUILD/sandboxd" --provider echo --quiet \
+            --store "sqlite:$work/npcs.db" > "$work/store$run.out" 2>&1
+        rc=$?
+        cat "$work/store$run.out"
+        [ $rc -eq 0 ] || { echo "run $run: exit status $rc"; return 1; }
+        has_re "$work/store$run.out" ": 20 lines, 20 turns \(0 failed, 0 lost\)" || return 1
+    done
+    has "$work/store1.out" "0 NPCs resumed (0 earlier turns), 10 new" &&
+    has "$work/store1.out" "journals: 20 lines remembered in all" &&
+    has "$work/store1.out" ", 0 memories rebuilt" &&
+    has "$work/store2.out" "10 NPCs resumed (20 earlier turns), 0 new" &&
+    has "$work/store2.out" "journals: 40 lines remembered in all" || return 1
+    n=$(sed -n 's/.*, \([0-9]*\) memories rebuilt.*/\1/p' "$work/store2.out")
+    [ "${n:-0}" -gt 0 ] || { echo "no resumed NPC rebuilt its memory in its fresh sandbox"; return 1; }
+    cells=$(sed -n 's/.* turns ([^)]*), \([0-9]*\) cells.*/\1/p' "$work/store2.out")
+    [ "$cells" -eq $((20 + n)) ] || { echo "cells $cells != 20 + $n"; return 1; }
+}
+
 test_usage() {
     "$NPC" --help | grep -q '^usage: npc_server' || return 1
     "$NPC" --help | grep -q -- '--version' || { echo "--help does not list --version"; return 1; }
@@ -80,6 +105,7 @@ test_usage() {
 run 200_npcs_against_sandboxd
 run sandbox_cap_rebuilds_memories
 run idle_npcs_suspend
+run store_keeps_npcs_across_restarts
 run usage
 
 finish

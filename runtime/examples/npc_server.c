@@ -12,6 +12,11 @@
  * host down and prints its statistics.  Exit status 0 when every line was answered
  * and nothing failed.
  *
+ * With --store URL (berth_options.store) the NPCs outlive the server: each NPC's
+ * conversation (its history, ctx.state with its journal) is kept there, the server
+ * stops without completing them, and the next run with the same store resumes every
+ * NPC where it was — its first cell in a fresh sandbox, rebuilt from its journal.
+ *
  *   build/examples/npc_server --npcs 200 --ticks 100 --sandboxd build/sandboxd \
  *       --provider echo
  */
@@ -30,7 +35,6 @@
 #include <lua.h>
 
 #include "berth.h"
-#include "cli.h"                 /* berth_daemon_start: a local sandboxd */
 #include "plimsoll.h"
 
 #define DRAIN_LIMIT 60.0         /* seconds to wait for the last turns */
@@ -52,6 +56,8 @@ static const char usage[] =
   "  --idle-timeout S       an NPC nobody spoke to for S seconds suspends (default 2)\n"
   "  --scripts DIR          where npc.lua and npc_model.lua are (default: scripts)\n"
   "  --seed N               the players' random choices (default 1)\n"
+  "  --store URL            keep the NPCs' conversations (sqlite:PATH): a later run\n"
+  "                         with the same store continues them\n"
   "  --quiet                no log lines, only the stats\n"
   "  --help, --version\n";
 
@@ -72,6 +78,7 @@ typedef struct npc {
   berth_conv *conv;
   char name[32];
   unsigned lines, answered;
+  unsigned remembered;           /* its journal's length (the last "mem-<n>" cell) */
   bool completed;
 } npc;
 
@@ -88,6 +95,7 @@ typedef struct game {
   unsigned logged_tick;
   bool quiet, shut, players_done, timed_out;
   unsigned seed;
+  bool keep;                     /* a store: NPCs are kept, not completed, at the end */
 } game;
 
 /* {====================================================== callbacks */
@@ -110,12 +118,16 @@ static void on_message(void *ud, berth_conv *c, const char *text, size_t len)
 static void on_tool_call(void *ud, berth_conv *c, const char *id, const char *name,
                          const char *arguments)
 {
-  (void)c;
   (void)name;
   (void)arguments;
   game *g = ud;
   if (!strncmp(id, "rebuild-", 8))
     g->rebuilds++;
+  else if (!strncmp(id, "mem-", 4)) {
+    unsigned n = (unsigned)strtoul(id + 4, NULL, 10);
+    if (n > npc_of(c)->remembered)
+      npc_of(c)->remembered = n;
+  }
 }
 
 static void on_error(void *ud, berth_conv *c, const berth_error *e)
@@ -175,7 +187,7 @@ static void finish(game *g)
 {
   ev_timer_stop(g->loop, &g->tick_timer);
   ev_timer_stop(g->loop, &g->drain_timer);
-  for (unsigned i = 0; i < g->n_npcs; i++)
+  for (unsigned i = 0; i < g->n_npcs && !g->keep; i++)
     berth_conv_complete(g->npcs[i].conv, NULL, NULL);
   berth_host_shutdown(g->h, on_shut, g);
 }
@@ -309,11 +321,12 @@ int main(int argc, char **argv)
   g.tick_s = 0.05;
   g.seed = 1;
   const char *daemon_url = NULL, *token_file = NULL, *sandboxd = NULL, *provider = NULL;
-  const char *scripts = NULL;
+  const char *scripts = NULL, *store_url = NULL;
+  berth_store *store = NULL;
   long max_sandboxes = -1;
   double idle = 2.0;
   enum { O_NPCS = 256, O_TICKS, O_TICK_MS, O_LINES, O_DAEMON, O_TOKEN, O_SANDBOXD, O_PROVIDER,
-         O_MAX_SB, O_IDLE, O_SCRIPTS, O_SEED, O_QUIET, O_HELP, O_VERSION };
+         O_MAX_SB, O_IDLE, O_SCRIPTS, O_SEED, O_QUIET, O_HELP, O_VERSION, O_STORE };
   static const struct option opts[] = {
     {"npcs", required_argument, NULL, O_NPCS}, {"ticks", required_argument, NULL, O_TICKS},
     {"tick-ms", required_argument, NULL, O_TICK_MS},
@@ -327,6 +340,7 @@ int main(int argc, char **argv)
     {"scripts", required_argument, NULL, O_SCRIPTS}, {"seed", required_argument, NULL, O_SEED},
     {"quiet", no_argument, NULL, O_QUIET}, {"help", no_argument, NULL, O_HELP},
     {"version", no_argument, NULL, O_VERSION},
+    {"store", required_argument, NULL, O_STORE},
     {NULL, 0, NULL, 0}
   };
   int c;
@@ -345,6 +359,7 @@ int main(int argc, char **argv)
       case O_SCRIPTS: scripts = optarg; break;
       case O_SEED: g.seed = (unsigned)atoi(optarg); break;
       case O_QUIET: g.quiet = true; break;
+      case O_STORE: store_url = optarg; break;
       case O_HELP: fputs(usage, stdout); return 0;
       case O_VERSION:           /* as `berth --version` (runtime/cli.c) */
         printf("npc_server (berth %s, libplimsoll %s, protocol %d, %s)\n", BERTH_VERSION,
@@ -365,7 +380,7 @@ int main(int argc, char **argv)
     scripts = getenv("BERTH_SCRIPTS");
   if (!scripts && is_dir_with("scripts", "npc.lua"))
     scripts = "scripts";
-  if (!scripts && (found = berth_find_scripts_dir()) && is_dir_with(found, "npc.lua"))
+  if (!scripts && (found = berth_scripts_dir()) && is_dir_with(found, "npc.lua"))
     scripts = found;
   if (!scripts) {
     fprintf(stderr, "npc_server: cannot find npc.lua (give --scripts DIR)\n");
@@ -379,11 +394,7 @@ int main(int argc, char **argv)
   signal(SIGPIPE, SIG_IGN);
   g.loop = ev_default_loop(0);
   int status = 1;
-  berth_daemon local;
-  memset(&local, 0, sizeof local);
-  local.pid = -1;
-  local.out_fd = -1;
-  bool own = false;
+  berth_sandboxd *local = NULL;
   char *token = NULL;
   berth_model *model = NULL;
   if (daemon_url) {
@@ -392,11 +403,15 @@ int main(int argc, char **argv)
       goto out;
     }
   } else {
-    if (berth_daemon_start(&local, sandboxd, provider ? provider : "echo", false) != 0)
+    berth_error *se = berth_sandboxd_start(g.loop, sandboxd, provider ? provider : "echo",
+                                           &local);
+    if (se) {
+      fprintf(stderr, "npc_server: %s\n", se->message);
+      berth_error_free(se);
       goto out;
-    own = true;
-    daemon_url = local.url;
-    token = strdup(local.token);
+    }
+    daemon_url = berth_sandboxd_url(local);
+    token = strdup(berth_sandboxd_token(local));
     if (max_sandboxes < 0)
       max_sandboxes = 56;        /* under sandboxd's default of 64 sessions */
   }
@@ -407,9 +422,19 @@ int main(int argc, char **argv)
     goto out;
   }
 
+  if (store_url) {
+    if ((e = berth_store_open(g.loop, store_url, &store))) {
+      fprintf(stderr, "npc_server: %s\n", e->message);
+      berth_error_free(e);
+      goto out;
+    }
+    g.keep = true;
+  }
+
   berth_options o;
   berth_options_init(&o);
   o.loop = g.loop;
+  o.store = store;
   o.hooks_file = hooks;
   o.lib_dir = scripts;
   o.daemon_url = daemon_url;
@@ -435,6 +460,7 @@ int main(int argc, char **argv)
   }
 
   long rss0 = rss_kib();
+  unsigned resumed = 0, earlier_turns = 0;
   g.npcs = calloc(g.n_npcs, sizeof *g.npcs);
   for (unsigned i = 0; i < g.n_npcs; i++) {
     npc *n = &g.npcs[i];
@@ -450,9 +476,16 @@ int main(int argc, char **argv)
       berth_error_free(e);
       goto out;
     }
+    if (berth_conv_turns(n->conv)) {   /* resumed from the store */
+      resumed++;
+      earlier_turns += berth_conv_turns(n->conv);
+    }
   }
+  if (store)
+    printf("npc_server: store %s: %u NPCs resumed (%u earlier turns), %u new\n", store_url,
+           resumed, earlier_turns, g.n_npcs - resumed);
   printf("npc_server: %u NPCs, %u ticks of %.0f ms, %u lines per tick, daemon %s%s\n",
-         g.n_npcs, g.ticks, g.tick_s * 1000, g.lines_per_tick, own ? "started at " : "",
+         g.n_npcs, g.ticks, g.tick_s * 1000, g.lines_per_tick, local ? "started at " : "",
          daemon_url);
   ev_timer_init(&g.tick_timer, on_tick, g.tick_s, g.tick_s);
   g.tick_timer.data = &g;
@@ -481,11 +514,16 @@ int main(int argc, char **argv)
   printf("npc_server: turn latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
          quantile(g.lat, g.n_lat, 0.50) * 1000, quantile(g.lat, g.n_lat, 0.99) * 1000,
          g.n_lat ? g.lat[g.n_lat - 1] * 1000 : 0);
+  unsigned long long remembered = 0;
+  for (unsigned i = 0; i < g.n_npcs; i++)
+    remembered += g.npcs[i].remembered;
+  printf("npc_server: journals: %llu lines remembered in all (this run's and earlier)\n",
+         remembered);
   printf("npc_server: memory: RSS %ld KiB (+%ld KiB over the run), Lua state %.1f KiB "
          "(%.0f B per NPC, after the game)\n", rss1, rss1 - rss0, (double)st.lua_bytes / 1024,
          (double)st.lua_bytes / g.n_npcs);
   status = g.shut && !g.timed_out && lost == 0 && g.failed == 0 && st.cell_errors == 0 && st.hook_errors == 0 &&
-           g.completed == g.n_npcs ? 0 : 1;
+           g.completed == (g.keep ? 0 : g.n_npcs) ? 0 : 1;
   printf("npc_server: %s\n", status ? "FAILED" : "ok");
 
 out:
@@ -494,9 +532,9 @@ out:
       berth_conv_free(g.npcs[i].conv);
   free(g.npcs);
   berth_host_free(g.h);
+  berth_store_free(store);       /* after the host: its last writes */
   berth_model_free(model);
-  if (own)
-    berth_daemon_stop(&local);
+  berth_sandboxd_stop(local);
   free(token);
   free(found);
   free(g.lat);
