@@ -138,8 +138,9 @@ $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
 # Only the public API leaves the shared library: a version script lists every plm_
-# function the public headers declare; the rest of lib/ (internal.h) stays local.
-$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h
+# function the public headers declare, and curl_ev.h's (the curl-on-libev driver that
+# libberth's model client shares); the rest of lib/ (internal.h) stays local.
+$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h
 	@mkdir -p $(dir $@)
 	@{ echo '{ global:'; grep -ohE '\bplm_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
 	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
