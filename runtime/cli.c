@@ -52,9 +52,10 @@ static const char replay_usage[] =
   "says idle, completes at the end, and prints the transcript.  Exits 1 when an\n"
   "expectation fails or a hook fails, 2 on bad usage.\n"
   "\n"
-  "  --daemon URL             use this plimsoll daemon (with --token-file) instead of\n"
-  "                           starting a local sandboxd\n"
-  "  --token-file FILE        the daemon's bearer token (first line)\n"
+  "  --daemon URL             use this plimsoll daemon (with --daemon-token-file)\n"
+  "                           instead of starting a local sandboxd\n"
+  "  --daemon-token-file FILE the daemon's bearer token (first line; --token-file is\n"
+  "                           the old spelling)\n"
   "  --sandboxd PATH          the sandboxd to start (default: $BERTH_SANDBOXD, the one\n"
   "                           next to berth, else PATH)\n"
   "  --provider NAME          the local sandboxd's provider (default $BERTH_PROVIDER, else\n"
@@ -85,7 +86,7 @@ static const char chat_usage[] =
   "  --hooks FILE             the hooks (default: the shipped code_chat.lua)\n"
   "  --approve                ask before each cell runs: yes, no or always (the hooks'\n"
   "                           approve(); default hooks scripts/examples/approval.lua)\n"
-  "  --daemon URL, --token-file FILE\n"
+  "  --daemon URL, --daemon-token-file FILE\n"
   "                           a running daemon (default: $PLIMSOLL_URL and\n"
   "                           $PLIMSOLL_TOKEN, else a local sandboxd)\n"
   "  --sandboxd PATH          the local sandboxd to start (as for replay)\n"
@@ -110,7 +111,7 @@ static const char lua_usage[] =
   "  berth lua /usr/bin/busted spec/\n"
   "The shipped scripts directory is on package.path.  Options come before FILE.\n"
   "\n"
-  "  --daemon URL, --token-file FILE\n"
+  "  --daemon URL, --daemon-token-file FILE\n"
   "                           a daemon for the sandbox natives (default: $PLIMSOLL_URL\n"
   "                           and $PLIMSOLL_TOKEN; none: they answer \"Nothing ran\")\n"
   "  --sandboxd PATH, --provider NAME\n"
@@ -134,7 +135,8 @@ enum {
 
 static const struct option long_opts[] = {
   {"daemon", required_argument, NULL, O_DAEMON},
-  {"token-file", required_argument, NULL, O_TOKEN_FILE},
+  {"daemon-token-file", required_argument, NULL, O_TOKEN_FILE},
+  {"token-file", required_argument, NULL, O_TOKEN_FILE},   /* the old spelling */
   {"sandboxd", required_argument, NULL, O_SANDBOXD},
   {"provider", required_argument, NULL, O_PROVIDER},
   {"hooks", required_argument, NULL, O_HOOKS},
@@ -496,7 +498,7 @@ static int cmd_replay(int argc, char **argv)
 {
   opts o;
   int rc = parse_opts(argc, argv, replay_usage,
-                      "daemon token-file sandboxd provider hooks idle-timeout "
+                      "daemon daemon-token-file token-file sandboxd provider hooks idle-timeout "
                       "minimum-isolation time-limit verbose help version", &o);
   if (rc >= 0)
     return rc;
@@ -1193,7 +1195,7 @@ static int cmd_chat(int argc, char **argv)
 {
   opts o;
   int rc = parse_opts(argc, argv, chat_usage,
-                      "model hooks daemon token-file sandboxd provider idle-timeout "
+                      "model hooks daemon daemon-token-file token-file sandboxd provider idle-timeout "
                       "minimum-isolation approve store resume verbose help version", &o);
   if (rc >= 0)
     return rc;
@@ -1371,7 +1373,7 @@ static int cmd_lua(int argc, char **argv)
 {
   opts o;
   int rc = parse_opts(argc, argv, lua_usage,
-                      "daemon token-file sandboxd provider model minimum-isolation verbose "
+                      "daemon daemon-token-file token-file sandboxd provider model minimum-isolation verbose "
                       "help version", &o);
   if (rc >= 0)
     return rc;

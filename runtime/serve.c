@@ -72,20 +72,21 @@
 #define ID_LEN 32
 
 static const char serve_usage[] =
-  "usage: berth serve --listen HOST:PORT --token-file FILE [options]\n"
+  "usage: berth serve --listen HOST:PORT --callers FILE [options]\n"
   "\n"
   "Serves many conversations of one host over HTTP; each turn streams back as\n"
   "server-sent events (delta, message, tool_call, tool_result, error, turn_end).\n"
   "Port 0 picks a free port; the address is printed as `listening http://HOST:PORT`.\n"
   "\n"
   "  --listen HOST:PORT               address to serve on (loopback, cleartext)\n"
-  "  --token-file FILE                callers' bearer tokens, one per line (# comments);\n"
+  "  --callers FILE                   callers' bearer tokens, one per line (# comments);\n"
   "                                   each caller sees only its own conversations\n"
+  "                                   (--token-file is the old spelling)\n"
   "  --hooks FILE                     the hooks (default: the shipped code_chat.lua)\n"
   "  --model SPEC                     the model (required without --hooks):\n"
   "                                   openai[:NAME] or scripted:FILE (see berth(1))\n"
   "  --daemon URL                     a plimsoll daemon, with its token in\n"
-  "  --token-file-daemon FILE         (first line)\n"
+  "  --daemon-token-file FILE         (first line; --token-file-daemon: old spelling)\n"
   "  --sandboxd PATH, --provider NAME start a local sandboxd instead (default\n"
   "                                   provider $BERTH_PROVIDER, else auto: the\n"
   "                                   strongest passing its smoke test, gvisor then\n"
@@ -1632,11 +1633,13 @@ static const struct option serve_opts[] = {
   {"state-dir", required_argument, NULL, O_STATE_DIR},
   {"header-timeout", required_argument, NULL, O_HEADER_TIMEOUT},
   {"listen", required_argument, NULL, O_LISTEN},
-  {"token-file", required_argument, NULL, O_TOKEN_FILE},
+  {"callers", required_argument, NULL, O_TOKEN_FILE},
+  {"token-file", required_argument, NULL, O_TOKEN_FILE},           /* the old spelling */
   {"hooks", required_argument, NULL, O_HOOKS},
   {"model", required_argument, NULL, O_MODEL},
   {"daemon", required_argument, NULL, O_DAEMON},
-  {"token-file-daemon", required_argument, NULL, O_DAEMON_TOKEN},
+  {"daemon-token-file", required_argument, NULL, O_DAEMON_TOKEN},
+  {"token-file-daemon", required_argument, NULL, O_DAEMON_TOKEN},  /* the old spelling */
   {"sandboxd", required_argument, NULL, O_SANDBOXD},
   {"provider", required_argument, NULL, O_PROVIDER},
   {"max-conversations", required_argument, NULL, O_MAX_CONVS},
@@ -1730,7 +1733,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
   if (!a->listen)
     return usage_error("%s", "give --listen HOST:PORT");
   if (!a->token_file)
-    return usage_error("%s", "give --token-file FILE (the callers' bearer tokens)");
+    return usage_error("%s", "give --callers FILE (the callers' bearer tokens)");
   if (a->daemon && (a->sandboxd || a->provider))
     return usage_error("%s", "give either --daemon or --sandboxd/--provider, not both");
   if (a->max_body == 0 || a->max_body > (size_t)64 << 20)

@@ -57,7 +57,7 @@ static int group_teardown(void **state)
 /* A server on the proxied daemon with extra options (NULL-terminated). */
 static st_server *serve(const char *const *more)
 {
-  const char *args[32] = {"--daemon", proxy.url, "--token-file-daemon", sbxd.token_file};
+  const char *args[32] = {"--daemon", proxy.url, "--daemon-token-file", sbxd.token_file};
   int n = 4;
   for (int i = 0; more && more[i]; i++)
     args[n++] = more[i];

@@ -94,7 +94,7 @@ static int spawn(st_server *s, const char *const *extra)
   argv[n++] = "serve";
   argv[n++] = "--listen";
   argv[n++] = "127.0.0.1:0";
-  argv[n++] = "--token-file";
+  argv[n++] = "--callers";
   argv[n++] = tokens;
   argv[n++] = "--model";
   argv[n++] = model;
