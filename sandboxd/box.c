@@ -47,6 +47,8 @@ typedef struct op {
     bool no_nonce;                 /* ... as SBX_CELL_NO_NONCE: no random bytes */
     bool sent;                     /* the code left for the kernel */
     bool files_pending;            /* waiting for SUP_FILES_DONE */
+    int done_type;                 /* exec lane: the frame that ends it (SUP_EXEC_DONE,
+                                      SUP_FILES_DONE, SUP_READ_DONE) */
     sbx_cell_cb cb;
     void *ud;
     const sbx_job *job;            /* borrowed until cb */
@@ -645,6 +647,33 @@ static void send_request(sbx_box *b, int lang)
 
 /* ---------------------------------------------------------------- supervisor frames */
 
+/* Copies an errno-style code from a frame, anything but A-Z shown as '?'. */
+static void copy_errcode(char out[16], const unsigned char *p, size_t len)
+{
+    memset(out, 0, 16);
+    memcpy(out, p, len < 15 ? len : 15);
+    for (size_t i = 0; out[i]; i++)
+        if (out[i] < 'A' || out[i] > 'Z')
+            out[i] = '?';
+}
+
+/* A project's files (the exec lane) are written, or one of them failed. */
+static void exec_files_done(sbx_box *b, const unsigned char *p, size_t len)
+{
+    op *o = &b->snippet;
+    if (len < 4 || len > 4 + 15 || !o->active || o->done_type != SUP_FILES_DONE) {
+        violation(b, "files done out of turn");
+        return;
+    }
+    sbx_cell_result r;
+    memset(&r, 0, sizeof r);
+    r.file_index = sup_get32(p);
+    r.end = r.file_index == SUP_FILES_ALL_WRITTEN ? SBX_CELL_WRITTEN : SBX_CELL_FILES_FAILED;
+    if (r.end == SBX_CELL_FILES_FAILED)
+        copy_errcode(r.errcode, p + 4, len - 4);
+    op_complete(o, &r);
+}
+
 static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, size_t len)
 {
     switch (type) {
@@ -690,6 +719,10 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
         return;
     }
     case SUP_FILES_DONE: {
+        if (lang == SUP_LANG_EXEC) {
+            exec_files_done(b, p, len);
+            return;
+        }
         lane *ln = is_lang(lang) ? &b->lane[lang] : NULL;
         if (!ln || len < 4 || len > 4 + 15 || !ln->op.active || !ln->op.files_pending) {
             violation(b, "files done out of turn");
@@ -714,10 +747,7 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
         memset(&r, 0, sizeof r);
         r.end = SBX_CELL_FILES_FAILED;
         r.file_index = index;
-        memcpy(r.errcode, p + 4, len - 4);
-        for (size_t i = 0; r.errcode[i]; i++)
-            if (r.errcode[i] < 'A' || r.errcode[i] > 'Z')
-                r.errcode[i] = '?';
+        copy_errcode(r.errcode, p + 4, len - 4);
         ln->state = SBX_I_IDLE;
         op_complete(&ln->op, &r);
         return;
@@ -744,8 +774,21 @@ static void on_frame(sbx_box *b, int type, int lang, const unsigned char *p, siz
                 keep(&o->err, o->err_cap, &o->err_cut, p, len);
         }
         return;
+    case SUP_READ_DONE: {
+        if (len != 9 || !b->snippet.active || b->snippet.done_type != SUP_READ_DONE) {
+            violation(b, "read done out of turn");
+            return;
+        }
+        sbx_cell_result r;
+        memset(&r, 0, sizeof r);
+        r.end = SBX_CELL_READ;
+        r.read_status = p[0];
+        r.size = sup_get64(p + 1);
+        op_complete(&b->snippet, &r);
+        return;
+    }
     case SUP_EXEC_DONE: {
-        if (len != 6 || !b->snippet.active) {
+        if (len != 6 || !b->snippet.active || b->snippet.done_type != SUP_EXEC_DONE) {
             violation(b, "exec done out of turn");
             return;
         }
@@ -1005,6 +1048,36 @@ void sbx_box_start(sbx_box *b, int lang)
     send_simple(b, SUP_START, lang, ln->token, SUP_TOKEN_LEN);
 }
 
+/* SUP_FILES: the count, then per file its path and content, each after its length. */
+static void send_files(sbx_box *b, int lang, const sbx_file *files, size_t n)
+{
+    size_t n_parts = 1 + 4 * n;
+    const void **parts = sbx_xcalloc(n_parts, sizeof *parts);
+    size_t *lens = sbx_xcalloc(n_parts, sizeof *lens);
+    unsigned char *sizes = sbx_xcalloc(n * 8 + 4, 1);
+    sup_put32(sizes, (uint32_t)n);
+    size_t k = 0;
+    parts[k] = sizes;
+    lens[k++] = 4;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *s = sizes + 4 + 8 * i;
+        sup_put32(s, (uint32_t)files[i].path.len);
+        sup_put32(s + 4, (uint32_t)files[i].content.len);
+        parts[k] = s;
+        lens[k++] = 4;
+        parts[k] = files[i].path.data;
+        lens[k++] = files[i].path.len;
+        parts[k] = s + 4;
+        lens[k++] = 4;
+        parts[k] = files[i].content.data;
+        lens[k++] = files[i].content.len;
+    }
+    send_parts(b, SUP_FILES, lang, parts, lens, k);
+    free(parts);
+    free(lens);
+    free(sizes);
+}
+
 void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, uint32_t err_cap,
                   sbx_cell_cb cb, void *ud)
 {
@@ -1037,32 +1110,8 @@ void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, ui
         return;
     }
     /* Files first, through the supervisor; the code follows SUP_FILES_DONE. */
-    size_t n_parts = 1 + 4 * job->n_files;
-    const void **parts = sbx_xcalloc(n_parts, sizeof *parts);
-    size_t *lens = sbx_xcalloc(n_parts, sizeof *lens);
-    unsigned char *sizes = sbx_xcalloc(job->n_files * 8 + 4, 1);
-    sup_put32(sizes, (uint32_t)job->n_files);
-    size_t k = 0;
-    parts[k] = sizes;
-    lens[k++] = 4;
-    for (size_t i = 0; i < job->n_files; i++) {
-        unsigned char *s = sizes + 4 + 8 * i;
-        sup_put32(s, (uint32_t)job->files[i].path.len);
-        sup_put32(s + 4, (uint32_t)job->files[i].content.len);
-        parts[k] = s;
-        lens[k++] = 4;
-        parts[k] = job->files[i].path.data;
-        lens[k++] = job->files[i].path.len;
-        parts[k] = s + 4;
-        lens[k++] = 4;
-        parts[k] = job->files[i].content.data;
-        lens[k++] = job->files[i].content.len;
-    }
     o->files_pending = true;
-    send_parts(b, SUP_FILES, lang, parts, lens, k);
-    free(parts);
-    free(lens);
-    free(sizes);
+    send_files(b, lang, job->files, job->n_files);
 }
 
 bool sbx_box_cell_sent(const sbx_box *b, int lang)
@@ -1081,7 +1130,45 @@ void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t 
     const void *parts[2] = {caps, code->data};
     size_t lens[2] = {8, code->len};
     b->snippet.sent = true;
+    b->snippet.done_type = SUP_EXEC_DONE;
     send_parts(b, SUP_EXEC, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_step(sbx_box *b, const sbx_bytes *command, uint32_t out_cap, uint32_t err_cap,
+                  sbx_cell_cb cb, void *ud)
+{
+    if (!start_op(b, &b->snippet, cb, ud, out_cap, err_cap))
+        return;
+    unsigned char caps[8];
+    sup_put32(caps, out_cap);
+    sup_put32(caps + 4, err_cap);
+    const void *parts[2] = {caps, command->data};
+    size_t lens[2] = {8, command->len};
+    b->snippet.sent = true;
+    b->snippet.done_type = SUP_EXEC_DONE;
+    send_parts(b, SUP_STEP, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_read(sbx_box *b, const sbx_bytes *path, uint32_t max, sbx_cell_cb cb, void *ud)
+{
+    if (!start_op(b, &b->snippet, cb, ud, max, 0))
+        return;
+    unsigned char head[4];
+    sup_put32(head, max);
+    const void *parts[2] = {head, path->data};
+    size_t lens[2] = {4, path->len};
+    b->snippet.sent = true;
+    b->snippet.done_type = SUP_READ_DONE;
+    send_parts(b, SUP_READ, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_files(sbx_box *b, const sbx_file *files, size_t n, sbx_cell_cb cb, void *ud)
+{
+    if (!start_op(b, &b->snippet, cb, ud, 0, 0))
+        return;
+    b->snippet.sent = true;
+    b->snippet.done_type = SUP_FILES_DONE;
+    send_files(b, SUP_LANG_EXEC, files, n);
 }
 
 void sbx_box_cancel(sbx_box *b, int lang)
@@ -1101,7 +1188,7 @@ void sbx_box_kill(sbx_box *b, int lang)
         send_simple(b, SUP_KILL, lang, NULL, 0);
 }
 
-void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud)
+static void sweep_with(sbx_box *b, unsigned char flags, sbx_sweep_cb cb, void *ud)
 {
     b->sweeping = true;
     b->sweep_cb = cb;
@@ -1110,8 +1197,18 @@ void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud)
         ev_timer_start(b->loop, &b->fail_now);
         return;
     }
-    unsigned char flags = (b->measure ? SUP_SWEEP_MEASURE : 0) | (thorough ? SUP_SWEEP_THOROUGH : 0);
     send_simple(b, SUP_SWEEP, SUP_LANG_NONE, &flags, 1);
+}
+
+void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud)
+{
+    sweep_with(b, (b->measure ? SUP_SWEEP_MEASURE : 0) | (thorough ? SUP_SWEEP_THOROUGH : 0), cb,
+               ud);
+}
+
+void sbx_box_quiesce(sbx_box *b, sbx_sweep_cb cb, void *ud)
+{
+    sweep_with(b, SUP_SWEEP_THOROUGH | SUP_SWEEP_KERNELS, cb, ud);
 }
 
 static void on_frozen(sbx_box *b, bool ok)

@@ -65,6 +65,8 @@ typedef enum sbx_cell_end {
     SBX_CELL_NO_NONCE,             /* nothing ran: no random bytes for the cell's nonce */
     SBX_CELL_SANDBOX_GONE,         /* the sandbox ended; may have run */
     SBX_CELL_EXITED,               /* a snippet's process exited: `wait_status` */
+    SBX_CELL_WRITTEN,              /* a project's files are all written */
+    SBX_CELL_READ,                 /* an artifact's read ended: `read_status`, `out` */
 } sbx_cell_end;
 
 typedef struct sbx_cell_result {
@@ -77,6 +79,8 @@ typedef struct sbx_cell_result {
     char *text;                    /* the supervisor's word on a death, or NULL */
     bool spawned;                  /* RAN / RAISED: the kernel says the cell may have
                                       started a process (else it started none) */
+    int read_status;               /* SBX_CELL_READ: SUP_READ_* */
+    uint64_t size;                 /* SBX_CELL_READ: the file's size */
 } sbx_cell_result;
 
 typedef void (*sbx_cell_cb)(void *ud, sbx_cell_result *r);
@@ -125,6 +129,14 @@ bool sbx_box_cell_sent(const sbx_box *b, int lang);
 /* Runs a snippet in a fresh `node -`; `cb` gets SBX_CELL_EXITED (or GONE). */
 void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t err_cap,
                   sbx_cell_cb cb, void *ud);
+/* The operations of a project, on the same lane as snippets (SUP_LANG_EXEC), one at a
+ * time: its files (SBX_CELL_WRITTEN or SBX_CELL_FILES_FAILED), a step in a fresh
+ * `/bin/sh -c` (SBX_CELL_EXITED), and an artifact of at most `max` bytes read back
+ * into `out` (SBX_CELL_READ).  Each may end SBX_CELL_SANDBOX_GONE instead. */
+void sbx_box_files(sbx_box *b, const sbx_file *files, size_t n, sbx_cell_cb cb, void *ud);
+void sbx_box_step(sbx_box *b, const sbx_bytes *command, uint32_t out_cap, uint32_t err_cap,
+                  sbx_cell_cb cb, void *ud);
+void sbx_box_read(sbx_box *b, const sbx_bytes *path, uint32_t max, sbx_cell_cb cb, void *ud);
 /* Kills an interpreter (a deadline) or the snippet (SUP_LANG_EXEC). */
 void sbx_box_kill(sbx_box *b, int lang);
 /* The owner of the cell (`lang`) or snippet (SUP_LANG_EXEC) in flight gives up on it:
@@ -140,6 +152,9 @@ void sbx_box_abort(sbx_box *b, const char *why);
 /* Kills stray processes and measures the disk.  `thorough` when the last call may have
  * started a process: the supervisor then scans instead of trusting a task count. */
 void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud);
+/* A thorough sweep that kills the kernels too (before a project in a session): their
+ * ends reach `ev.interp` before `cb` runs. */
+void sbx_box_quiesce(sbx_box *b, sbx_sweep_cb cb, void *ud);
 void sbx_box_freeze(sbx_box *b, bool frozen, void (*cb)(void *ud, bool ok), void *ud);
 /* Ends the sandbox: operations in flight complete first (SBX_CELL_SANDBOX_GONE), then
  * the supervisor is told to go (EOF), forced after a bound, cleaned up, and `cb` runs;

@@ -15,6 +15,12 @@
  * a sweep that cannot prove the strays gone ends the session boundary_failed, a disk
  * over the budget ends it disk_exceeded (both reported to the next call).
  *
+ * A project (docs/daemon.md §5.5) runs on the snippets' lane: its files are written,
+ * then its steps, each in a fresh `/bin/sh -c` under the step deadline (the call's
+ * timeout), in order, stopping at the first that fails; then its artifacts are read
+ * back (8 MiB in all).  The whole run has a backstop of the timeout + 5 s.  In a
+ * session every process of the session, the interpreters included, is killed first.
+ *
  * The warm pool keeps `--pool` sandboxes with every proven interpreter started; an
  * open takes one (oldest warm first) and a new one is started in its place.  A member
  * is never reused after a session and is replaced after 30 minutes.
@@ -41,6 +47,10 @@
 #include <unistd.h>
 
 #define OUTPUT_CAP 65536u              /* per stream (docs/daemon.md §7) */
+#define ARTIFACTS_CAP (8u << 20)       /* a project's artifacts, in all */
+#define BACKSTOP_S 5.0                 /* a project's whole run: its timeout + this */
+#define COMMAND_UNITS 16384            /* a step's command as its result states it (UTF-16
+                                          units, as the reference's runner cuts it) */
 #define KILL_BOUND_S 5.0               /* an interpreter's death after SUP_KILL */
 #define CREATE_BOUND_S 60.0            /* a sandbox's start for a single run */
 #define SMOKE_BOUND_S 90.0
@@ -94,6 +104,14 @@ struct call {
     bool restarted;                /* an interpreter that ended while starting was replaced */
     uint64_t oom_before;
     sbx_result *pending;           /* answered from the loop (`later`) */
+    /* a project */
+    sbx_result *proj;              /* the answer being built */
+    int stage;                     /* P_* */
+    size_t at;                     /* the step or artifact in hand */
+    double step_timeout_s, step_started;
+    ev_timer step_deadline;
+    bool quiescing, step_running, step_timed_out, over_budget;
+    uint32_t artifact_room;
     call *prev, *next;             /* single runs in flight */
 };
 
@@ -144,6 +162,9 @@ static void pool_fill(sbx_provider *p);
 static void pool_refill_soon(sbx_provider *p);
 static void pool_retry_later(sbx_provider *p);
 static void call_step(call *c);
+static void project_begin(call *c);
+static sbx_result *project_killed_result(call *c);
+static void on_step_deadline(struct ev_loop *loop, ev_timer *w, int revents);
 static void thaw_then_step(call *c);
 static void continue_close(sbx_psession *s);
 static void session_after_call(sbx_psession *s);
@@ -253,7 +274,9 @@ static void call_free(call *c)
     ev_timer_stop(c->p->loop, &c->deadline);
     ev_timer_stop(c->p->loop, &c->kill_bound);
     ev_timer_stop(c->p->loop, &c->later);
+    ev_timer_stop(c->p->loop, &c->step_deadline);
     sbx_result_free(c->pending);
+    sbx_result_free(c->proj);
     free(c);
 }
 
@@ -264,6 +287,7 @@ static void call_finish(call *c, sbx_result *r)
 {
     ev_timer_stop(c->p->loop, &c->deadline);
     ev_timer_stop(c->p->loop, &c->kill_bound);
+    ev_timer_stop(c->p->loop, &c->step_deadline);
     sbx_run_cb cb = c->cb;
     void *ud = c->ud;
     sbx_psession *s = c->s;
@@ -327,13 +351,21 @@ static void on_kill_bound(struct ev_loop *loop, ev_timer *w, int revents)
     /* The supervisor did not report the interpreter dead: the sandbox cannot be
      * trusted.  The answer stands (124); the session ends. */
     sbx_log("sandbox %s: the %s interpreter did not die within %.0f s of a kill; ending the "
-            "sandbox", sbx_box_id(c->box), c->lang == SUP_LANG_EXEC ? "snippet's" : lang_word(c->lang),
+            "sandbox", sbx_box_id(c->box),
+            c->job->kind == SBX_KIND_PROJECT ? "step's"
+            : c->lang == SUP_LANG_EXEC       ? "snippet's"
+                                             : lang_word(c->lang),
             KILL_BOUND_S);
-    sbx_result *r = sbx_result_new(c->job->kind);
-    r->exit_code = 124;
-    r->timed_out = true;
-    r->interpreter_ended = c->job->kind == SBX_KIND_CELL;
-    r->interpreter_started = c->launched;
+    sbx_result *r;
+    if (c->job->kind == SBX_KIND_PROJECT) {
+        r = project_killed_result(c);
+    } else {
+        r = sbx_result_new(c->job->kind);
+        r->exit_code = 124;
+        r->timed_out = true;
+        r->interpreter_ended = c->job->kind == SBX_KIND_CELL;
+        r->interpreter_started = c->launched;
+    }
     r->ended = PLM_END_BOUNDARY_FAILED;
     r->end_detail = sbx_xstrdup("an interpreter killed at its deadline could not be proven gone");
     if (c->s)
@@ -363,6 +395,18 @@ static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     c->timed_out = true;
     if (c->thawing)
         return; /* the thaw holds the call (bounded): on_thawed refuses it */
+    if (c->sent && c->job->kind == SBX_KIND_PROJECT) {
+        /* The backstop: a step running is killed (its end answers), anything else
+         * (a file, an artifact: bounded) ends the run once it is done. */
+        c->over_budget = true;
+        if (c->step_running && !c->killing) {
+            c->killing = true;
+            sbx_box_kill(c->box, SUP_LANG_EXEC);
+            ev_timer_set(&c->kill_bound, KILL_BOUND_S, 0.);
+            ev_timer_start(c->p->loop, &c->kill_bound);
+        }
+        return;
+    }
     if (c->sent) { /* the code may be running: kill it, answer 124 when it is gone */
         c->killing = true;
         sbx_box_kill(c->box, c->lang);
@@ -456,6 +500,8 @@ static void on_cell_result(void *ud, sbx_cell_result *cr)
     case SBX_CELL_RAISED:
     case SBX_CELL_DIED:
     case SBX_CELL_EXITED:
+    case SBX_CELL_WRITTEN: /* a project's, never a cell's or a snippet's: as a death */
+    case SBX_CELL_READ:
         r = sbx_result_new(kind);
         r->out = cr->out;
         r->err = cr->err;
@@ -526,6 +572,10 @@ static void call_step(call *c)
                                           "nothing ran")));
         return;
     }
+    if (c->job->kind == SBX_KIND_PROJECT) {
+        project_begin(c);
+        return;
+    }
     if (c->lang == SUP_LANG_EXEC) {
         c->sent = c->op_active = true;
         sbx_box_exec(box, &c->job->code, OUTPUT_CAP, OUTPUT_CAP, on_cell_result, c);
@@ -576,15 +626,23 @@ static call *call_new(sbx_provider *p, sbx_psession *s, sbx_box *box, const sbx_
     if (job->kind == SBX_KIND_CELL) {
         c->lang = lang_of(job->language);
         ms = effective_timeout(job->timeout_ms, cfg->cell_timeout_ms, cfg->cell_timeout_max_ms);
+    } else if (job->kind == SBX_KIND_PROJECT) { /* project timeouts are the cells' */
+        c->lang = SUP_LANG_EXEC;
+        ms = effective_timeout(job->timeout_ms, cfg->cell_timeout_ms, cfg->cell_timeout_max_ms);
     } else {
         c->lang = SUP_LANG_EXEC;
         ms = effective_timeout(job->timeout_ms, cfg->snippet_timeout_ms, cfg->snippet_timeout_max_ms);
     }
     c->timeout_s = ms / 1000.0;
+    if (job->kind == SBX_KIND_PROJECT) { /* each step has the timeout; the run a backstop */
+        c->step_timeout_s = c->timeout_s;
+        c->timeout_s += BACKSTOP_S;
+    }
     ev_timer_init(&c->deadline, on_deadline, c->timeout_s, 0.);
     ev_timer_init(&c->kill_bound, on_kill_bound, KILL_BOUND_S, 0.);
     ev_timer_init(&c->later, on_call_later, 0., 0.);
-    c->deadline.data = c->kill_bound.data = c->later.data = c;
+    ev_timer_init(&c->step_deadline, on_step_deadline, c->step_timeout_s, 0.);
+    c->deadline.data = c->kill_bound.data = c->later.data = c->step_deadline.data = c;
     return c;
 }
 
@@ -756,6 +814,361 @@ static void session_after_call(sbx_psession *s)
     sbx_box_sweep(s->box, !s->no_sweep, on_swept, s);
 }
 
+/* ---------------------------------------------------------------- projects */
+
+enum { P_QUIESCE, P_FILES, P_STEPS, P_ARTIFACTS };
+
+/* Appends a line of the daemon's own to a step's stderr, within the cap. */
+static void note_buf(sbx_buf *b, const char *text)
+{
+    size_t n = strlen(text);
+    if (b->len + n > OUTPUT_CAP)
+        return;
+    b->data = sbx_xrealloc(b->data, b->len + n + 1);
+    memcpy(b->data + b->len, text, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+}
+
+/* A step's command as its result states it: at most COMMAND_UNITS UTF-16 units, cut
+ * before a character that would not fit whole (the request's text is valid UTF-8). */
+static char *command_of(const sbx_bytes *step)
+{
+    const unsigned char *p = (const unsigned char *)step->data;
+    size_t i = 0, units = 0;
+    while (i < step->len) {
+        size_t len = p[i] < 0x80 ? 1 : p[i] < 0xe0 ? 2 : p[i] < 0xf0 ? 3 : 4;
+        size_t u = len == 4 ? 2 : 1;
+        if (units + u > COMMAND_UNITS || i + len > step->len)
+            break;
+        units += u;
+        i += len;
+    }
+    return sbx_xstrndup(step->data, i);
+}
+
+static sbx_step_result *add_step(call *c, const sbx_bytes *step)
+{
+    sbx_result *r = c->proj;
+    r->steps = sbx_xrealloc(r->steps, (r->n_steps + 1) * sizeof *r->steps);
+    sbx_step_result *st = &r->steps[r->n_steps++];
+    memset(st, 0, sizeof *st);
+    st->command = command_of(step);
+    return st;
+}
+
+static void project_op_done(void *ud, sbx_cell_result *cr);
+
+static void project_finish(call *c)
+{
+    sbx_result *r = c->proj;
+    c->proj = NULL;
+    call_finish(c, r);
+}
+
+static void project_over(call *c, int outcome, char *detail)
+{
+    c->proj->outcome = outcome;
+    free(c->proj->outcome_detail);
+    c->proj->outcome_detail = detail;
+}
+
+static void project_next(call *c);
+
+/* The artifacts, in order, while the 8 MiB last; one that does not fit ends them. */
+static void project_artifact(call *c)
+{
+    const sbx_job *job = c->job;
+    if (c->at >= job->n_artifacts || c->over_budget) {
+        project_finish(c);
+        return;
+    }
+    c->op_active = true;
+    sbx_box_read(c->box, &job->artifacts[c->at], c->artifact_room, project_op_done, c);
+}
+
+static void project_step(call *c)
+{
+    const sbx_job *job = c->job;
+    if (c->at >= job->n_steps) {
+        c->stage = P_ARTIFACTS;
+        c->at = 0;
+        project_artifact(c);
+        return;
+    }
+    const sbx_bytes *step = &job->steps[c->at];
+    if (memchr(step->data, '\0', step->len)) { /* no shell can be given it */
+        project_over(c, PLM_OUTCOME_SETUP_FAILED,
+                     sbx_printf("project.steps[%zu] holds a NUL byte, which no shell command "
+                                "can hold", c->at));
+        project_finish(c);
+        return;
+    }
+    c->step_running = true;
+    c->step_timed_out = false;
+    c->step_started = ev_time();
+    c->oom_before = c->p->be->oom_kills ? c->p->be->oom_kills(c->p->bk, c->box) : 0;
+    ev_timer_set(&c->step_deadline, c->step_timeout_s, 0.);
+    ev_timer_start(c->p->loop, &c->step_deadline);
+    c->op_active = true;
+    sbx_box_step(c->box, step, OUTPUT_CAP, OUTPUT_CAP, project_op_done, c);
+}
+
+static void on_step_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call *c = w->data;
+    if (!c->step_running || c->killing)
+        return;
+    c->step_timed_out = c->killing = true;
+    sbx_box_kill(c->box, SUP_LANG_EXEC);
+    ev_timer_set(&c->kill_bound, KILL_BOUND_S, 0.);
+    ev_timer_start(c->p->loop, &c->kill_bound);
+}
+
+/* The step in hand ended: how, as the reference's runner says it (124 at a deadline;
+ * -1 for a shell killed by a signal, with sandboxd's word on why on its stderr). */
+static void step_ended(call *c, sbx_cell_result *cr)
+{
+    sbx_step_result *st = add_step(c, &c->job->steps[c->at]);
+    ev_timer_stop(c->p->loop, &c->step_deadline);
+    ev_timer_stop(c->p->loop, &c->kill_bound);
+    c->step_running = c->killing = false;
+    st->out = cr->out;
+    st->err = cr->err;
+    cr->out.data = cr->err.data = NULL;
+    st->out_truncated = cr->out_truncated;
+    st->err_truncated = cr->err_truncated;
+    st->duration_ms = (int64_t)((ev_time() - c->step_started) * 1000);
+    int ws = cr->wait_status;
+    bool oom = cr->end == SBX_CELL_EXITED && c->p->be->oom_kills &&
+               c->p->be->oom_kills(c->p->bk, c->box) > c->oom_before;
+    char how[64];
+    describe_wait(ws, how, sizeof how);
+    char *line = NULL;
+    if (c->step_timed_out || c->over_budget) {
+        st->exit_code = 124;
+        st->timed_out = true;
+    } else if (cr->end == SBX_CELL_EXITED && WIFEXITED(ws)) {
+        st->exit_code = WEXITSTATUS(ws);
+        if (oom) /* the shell saw its child killed: say why */
+            line = sbx_printf("\n[sandboxd: a process of the step was killed: out of memory "
+                              "(the sandbox's limit is %u MiB)]\n", c->p->cfg->memory_mb);
+    } else {
+        st->exit_code = -1;
+        line = cr->end != SBX_CELL_EXITED
+                   ? sbx_printf("\n[sandboxd: the sandbox ended during the step (%s)]\n",
+                                cr->text ? cr->text : "gone")
+               : oom ? sbx_printf("\n[sandboxd: the step was %s: out of memory (the sandbox's "
+                                  "limit is %u MiB)]\n", how, c->p->cfg->memory_mb)
+                     : sbx_printf("\n[sandboxd: the step was %s]\n", how);
+    }
+    if (line) {
+        note_buf(&st->err, line);
+        free(line);
+    }
+}
+
+/* The sandbox ended under the project. */
+static void project_gone(call *c, sbx_cell_result *cr)
+{
+    sbx_kind kind = SBX_KIND_PROJECT;
+    if (c->s && c->s->closing) {
+        sbx_result *r;
+        if (!c->sent) {
+            r = refusal(kind, PLM_ABORTED, PLM_REFUSAL_CAPACITY,
+                        sbx_printf("the session ended before the project started; nothing ran"));
+        } else {
+            r = sbx_result_new(kind);
+            r->status = SBX_RUN_UNANSWERED;
+            r->error = sbx_err_new(PLM_ABORTED, PLM_REFUSAL_NONE,
+                                   "the session ended while the project ran; it may have run");
+        }
+        call_finish(c, r);
+        return;
+    }
+    const char *why = cr && cr->text ? cr->text : "gone";
+    if (!c->sent) {
+        if (c->s && !c->s->end_told) {
+            c->s->pending_end = PLM_END_MAIN_PROCESS_ENDED;
+            free(c->s->pending_detail);
+            c->s->pending_detail = sbx_xstrdup(why);
+        }
+        call_finish(c, refusal(kind, PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                               sbx_printf("the sandbox ended before the project started (%s); "
+                                          "nothing ran", why)));
+        return;
+    }
+    if (c->step_running)
+        step_ended(c, cr);
+    project_over(c, PLM_OUTCOME_PROTOCOL_ERROR,
+                 sbx_printf("the sandbox ended during the run (%s)", why));
+    if (c->s) {
+        c->proj->ended = PLM_END_MAIN_PROCESS_ENDED;
+        c->proj->end_detail = sbx_xstrdup(why);
+        c->s->end_told = true;
+    }
+    project_finish(c);
+}
+
+/* A step killed at its deadline could not be proven gone (on_kill_bound). */
+static sbx_result *project_killed_result(call *c)
+{
+    sbx_cell_result cr;
+    memset(&cr, 0, sizeof cr);
+    cr.end = SBX_CELL_EXITED;
+    cr.wait_status = SIGKILL;
+    if (c->op_active) /* the output so far stays with the box's operation: none is kept */
+        sbx_box_cancel(c->box, SUP_LANG_EXEC);
+    c->op_active = false;
+    if (c->step_running)
+        step_ended(c, &cr);
+    project_over(c, PLM_OUTCOME_TIMED_OUT,
+                 sbx_xstrdup("a step killed at its deadline could not be proven gone"));
+    sbx_result *r = c->proj;
+    c->proj = NULL;
+    return r;
+}
+
+static void project_op_done(void *ud, sbx_cell_result *cr)
+{
+    call *c = ud;
+    c->op_active = false;
+    switch (cr->end) {
+    case SBX_CELL_SANDBOX_GONE:
+    case SBX_CELL_NOT_RUN:
+    case SBX_CELL_NO_NONCE:
+        project_gone(c, cr);
+        break;
+    case SBX_CELL_FILES_FAILED: /* as the reference's runner: no step runs, no artifacts */
+        project_over(c, PLM_OUTCOME_SETUP_FAILED,
+                     sbx_printf("project.files[%u] could not be written into the work directory "
+                                "(%s)", cr->file_index, cr->errcode));
+        project_finish(c);
+        break;
+    case SBX_CELL_WRITTEN:
+        c->stage = P_STEPS;
+        c->at = 0;
+        project_next(c);
+        break;
+    case SBX_CELL_EXITED: {
+        step_ended(c, cr);
+        const sbx_step_result *st = &c->proj->steps[c->proj->n_steps - 1];
+        if (c->over_budget) {
+            project_over(c, PLM_OUTCOME_TIMED_OUT, sbx_xstrdup("run exceeded the time budget"));
+            project_finish(c);
+            break;
+        }
+        if (st->timed_out)
+            project_over(c, PLM_OUTCOME_TIMED_OUT,
+                         sbx_printf("step %zu exceeded its time budget", c->at + 1));
+        if (st->timed_out || st->exit_code != 0) { /* the chain stops; artifacts still come */
+            c->stage = P_ARTIFACTS;
+            c->at = 0;
+        } else {
+            c->at++;
+        }
+        project_next(c);
+        break;
+    }
+    case SBX_CELL_READ: {
+        sbx_result *r = c->proj;
+        if (cr->read_status == SUP_READ_OK && cr->out.len <= c->artifact_room) {
+            r->artifacts = sbx_xrealloc(r->artifacts, (r->n_artifacts + 1) * sizeof *r->artifacts);
+            sbx_artifact *a = &r->artifacts[r->n_artifacts++];
+            a->path = sbx_xstrndup(c->job->artifacts[c->at].data, c->job->artifacts[c->at].len);
+            a->content = cr->out;
+            cr->out.data = NULL;
+            c->artifact_room -= (uint32_t)a->content.len;
+            c->at++;
+        } else if (cr->read_status == SUP_READ_SKIPPED) {
+            c->at++;
+        } else { /* over what is left: the rest are not read */
+            r->artifacts_truncated = true;
+            c->at = c->job->n_artifacts;
+        }
+        if (c->over_budget)
+            project_over(c, PLM_OUTCOME_TIMED_OUT, sbx_xstrdup("run exceeded the time budget"));
+        project_next(c);
+        break;
+    }
+    default: /* RAN, RAISED, DIED: not a project's */
+        project_gone(c, cr);
+        break;
+    }
+    free(cr->out.data);
+    free(cr->err.data);
+    free(cr->text);
+}
+
+static void project_next(call *c)
+{
+    if (c->over_budget && c->stage != P_ARTIFACTS) {
+        project_over(c, PLM_OUTCOME_TIMED_OUT, sbx_xstrdup("run exceeded the time budget"));
+        project_finish(c);
+        return;
+    }
+    if (c->stage == P_STEPS)
+        project_step(c);
+    else
+        project_artifact(c);
+}
+
+static void project_files(call *c)
+{
+    c->sent = true; /* from here on the project may have run */
+    c->stage = P_FILES;
+    c->op_active = true;
+    sbx_box_files(c->box, c->job->files, c->job->n_files, project_op_done, c);
+}
+
+/* Before a project in a session every process of it goes, the interpreters too (as
+ * plimsolld's quiesce): the next cell of each language starts a fresh one. */
+static void on_quiesced(void *ud, bool ok, bool clean, uint32_t killed, uint64_t disk)
+{
+    sbx_psession *s = ud;
+    s->fresh[SUP_LANG_JS] = s->fresh[SUP_LANG_PY] = false;
+    call *c = s->cur;
+    if (s->closing || !c || !c->quiescing) { /* the call was answered meanwhile (its
+                                                deadline): an ordinary sweep's end */
+        on_swept(ud, ok, clean, killed, disk);
+        return;
+    }
+    s->sweeping = false;
+    c->quiescing = false;
+    if (killed)
+        sbx_log("sandbox %s: %u process%s killed before a project", sbx_box_id(s->box), killed,
+                killed == 1 ? "" : "es");
+    if (!ok) {
+        project_gone(c, NULL);
+        return;
+    }
+    if (!clean) {
+        schedule_tell(s, PLM_END_BOUNDARY_FAILED,
+                      "the processes of the session could not be proven gone before a project");
+        call_finish(c, refusal(SBX_KIND_PROJECT, PLM_UNAVAILABLE, PLM_REFUSAL_ENVIRONMENT,
+                               sbx_printf("the session's processes could not be proven gone "
+                                          "before the project; nothing ran")));
+        return;
+    }
+    project_files(c);
+}
+
+static void project_begin(call *c)
+{
+    c->proj = sbx_result_new(SBX_KIND_PROJECT);
+    c->proj->outcome = PLM_OUTCOME_COMPLETED;
+    c->artifact_room = ARTIFACTS_CAP;
+    if (c->s) {
+        c->stage = P_QUIESCE;
+        c->quiescing = c->s->sweeping = true;
+        sbx_box_quiesce(c->box, on_quiesced, c->s);
+        return;
+    }
+    project_files(c);
+}
+
 /* ---------------------------------------------------------------- sessions: open */
 
 static sbx_psession *session_new(sbx_provider *p, const sbx_open_params *params)
@@ -890,14 +1303,12 @@ void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_o
 void sbx_real_session_run(sbx_psession *s, const sbx_job *job, sbx_run_cb cb, void *ud)
 {
     sbx_provider *p = s->p;
-    if (job->kind != SBX_KIND_CELL && job->kind != SBX_KIND_JAVASCRIPT) {
+    if (job->kind == SBX_KIND_MODULE) {
         call *c = call_new(p, s, s->box, job, cb, ud);
         s->cur = c;
         call_finish_later(c, refusal(job->kind, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED,
-                                     sbx_printf("the %s provider runs cells and snippets in "
-                                                "sessions, not %s payloads; nothing ran",
-                                                p->be->name, job->kind == SBX_KIND_PROJECT
-                                                                 ? "project" : "module")));
+                                     sbx_printf("the %s provider runs no module payloads; "
+                                                "nothing ran", p->be->name)));
         return;
     }
     call *c = call_new(p, s, s->box, job, cb, ud);
@@ -1097,12 +1508,10 @@ void sbx_real_run(sbx_provider *p, const sbx_job *job, sbx_run_cb cb, void *ud)
     if (p->runs)
         p->runs->prev = c;
     p->runs = c;
-    if (job->kind != SBX_KIND_JAVASCRIPT) {
+    if (job->kind == SBX_KIND_MODULE) {
         call_finish_later(c, refusal(job->kind, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED,
-                                     sbx_printf("the %s provider runs JavaScript snippets outside "
-                                                "sessions, not %s payloads; nothing ran",
-                                                p->be->name, job->kind == SBX_KIND_PROJECT
-                                                                 ? "project" : "module")));
+                                     sbx_printf("the %s provider runs no module payloads; "
+                                                "nothing ran", p->be->name)));
         return;
     }
     c->box = new_box(p, &single_events, c);
@@ -1391,6 +1800,8 @@ static void on_smoke_box_closed(void *ud)
         p->facts.session.languages = k->ok;
         p->facts.supports_javascript = (k->ok & SBX_LANG_JAVASCRIPT) != 0;
         p->facts.javascript.languages = k->ok & SBX_LANG_JAVASCRIPT;
+        p->facts.supports_project = true; /* steps in /bin/sh: the languages proven */
+        p->facts.project.languages = k->ok;
         set_identities(p, k->ok);
         p->serving = true;
     }
@@ -1657,7 +2068,7 @@ sbx_provider *sbx_real_create(struct ev_loop *loop, const sbx_config *cfg,
     f->supports_javascript = true;
     f->supports_sessions = cfg->max_sessions > 0;
     f->javascript = (sbx_env_facts){"", "", cfg->snippet_timeout_max_ms, SBX_LANG_JAVASCRIPT};
-    f->project = (sbx_env_facts){"", "", 0, 0};
+    f->project = (sbx_env_facts){"", "", cfg->cell_timeout_max_ms, 0};
     f->module = (sbx_env_facts){"", "", 0, 0};
     f->session = (sbx_env_facts){"", "", cfg->cell_timeout_max_ms,
                                  SBX_LANG_JAVASCRIPT | SBX_LANG_PYTHON};

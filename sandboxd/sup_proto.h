@@ -30,6 +30,12 @@
  *                                  every stray process, measure the disk
  *   SUP_EXEC                       u32 out_cap, u32 err_cap, then the snippet (stdin of a
  *                                  fresh `node -`, whose output the supervisor relays)
+ *   SUP_STEP                       u32 out_cap, u32 err_cap, then a project step: run as
+ *                                  `/bin/sh -c STEP` (stdin /dev/null), relayed as a snippet
+ *   SUP_FILES (SUP_LANG_EXEC)      a project's files, as for a cell
+ *   SUP_READ                       u32 max bytes, then a path under the work directory: an
+ *                                  artifact, sent back as SUP_OUT chunks and SUP_READ_DONE
+ *   SUP_SWEEP with SUP_SWEEP_KERNELS  the kernels are killed too (a project in a session)
  * Supervisor -> daemon:
  *   SUP_HELLO                      u32 protocol version: hardened and serving
  *   SUP_EXITED lang                i32 wait status, text: the kernel ended (or could not
@@ -41,7 +47,9 @@
  *                                  gone), u64 bytes used on the sandbox's writable file
  *                                  systems (0 when not measured)
  *   SUP_OUT / SUP_ERR              (SUP_LANG_EXEC) the snippet's stdout / stderr, within caps
- *   SUP_EXEC_DONE                  i32 wait status, u8 stdout cut, u8 stderr cut
+ *   SUP_EXEC_DONE                  i32 wait status, u8 stdout cut, u8 stderr cut (a
+ *                                  snippet or a step)
+ *   SUP_READ_DONE                  u8 SUP_READ_*, u64 the file's size: an artifact's end
  */
 #ifndef SBX_SUP_PROTO_H
 #define SBX_SUP_PROTO_H
@@ -50,7 +58,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define SUP_PROTOCOL 2u
+#define SUP_PROTOCOL 3u
 #define SUP_NONCE_LEN 32
 /* The largest frame each side accepts: a cell carries up to 4 MiB of files and a code
  * string bounded by the request body (--max-body-bytes, at most 1 GiB, default 8 MiB). */
@@ -62,13 +70,22 @@
 enum { SUP_LANG_NONE = 0, SUP_LANG_JS = 1, SUP_LANG_PY = 2, SUP_LANG_EXEC = 3 };
 
 enum {
-    SUP_START = 1, SUP_FILES, SUP_KILL, SUP_SWEEP, SUP_EXEC,
+    SUP_START = 1, SUP_FILES, SUP_KILL, SUP_SWEEP, SUP_EXEC, SUP_STEP, SUP_READ,
     SUP_HELLO = 64, SUP_EXITED, SUP_FILES_DONE, SUP_SWEPT, SUP_OUT, SUP_ERR, SUP_EXEC_DONE,
+    SUP_READ_DONE,
+};
+
+/* How an artifact's read ended (SUP_READ_DONE). */
+enum {
+    SUP_READ_OK = 0,     /* its bytes came before, as SUP_OUT chunks */
+    SUP_READ_SKIPPED,    /* missing, a link, not a regular file: not an artifact */
+    SUP_READ_OVER,       /* larger than the bytes asked for: nothing sent */
 };
 
 #define SUP_FILES_ALL_WRITTEN 0xFFFFFFFFu
 #define SUP_SWEEP_MEASURE 1u         /* measure the disk too */
 #define SUP_SWEEP_THOROUGH 2u        /* a process may have started: scan, never guess */
+#define SUP_SWEEP_KERNELS 4u         /* the kernels go too (their ends are reported first) */
 #define SUP_KERNEL_MAX_REPLY 64      /* a kernel's reply frame body is never longer */
 
 static inline void sup_put32(unsigned char *p, uint32_t v)

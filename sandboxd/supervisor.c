@@ -14,9 +14,11 @@
  *     cells go from the daemon to the kernel and back without passing through here);
  *   - writes a cell's files into the work directory, resolved without following links;
  *   - kills a kernel on request (the daemon's deadline) and reports every kernel's end;
- *   - runs snippets in a fresh `node -`, relaying their output within caps;
+ *   - runs snippets in a fresh `node -` and project steps in `/bin/sh -c`, relaying
+ *     their output within caps, and reads a project's artifacts back;
  *   - sweeps after every call: every process but itself and the live kernels is killed
- *     (proven gone by a scan of /proc), then the disk is measured.
+ *     (proven gone by a scan of /proc), then the disk is measured; before a project in
+ *     a session the kernels go too.
  * Protocol: sup_proto.h.  One thread, one poll loop; writes to the daemon block (the
  * daemon always reads), a snippet's stdin is fed without blocking.  The daemon's EOF
  * ends the sandbox: everything is killed and the supervisor exits.
@@ -62,7 +64,7 @@ typedef struct opts {
     bool mount_tmpfs, drop_caps, seccomp, subreaper, walk_disk, count_tasks;
 } opts;
 
-typedef struct snippet {          /* a `node -` run (SUP_EXEC) */
+typedef struct snippet {          /* a `node -` run (SUP_EXEC) or a step (SUP_STEP) */
     pid_t pid;
     int in_w, out_r, err_r;
     unsigned char *in;            /* the code, fed to its stdin */
@@ -78,6 +80,7 @@ static pid_t kernel[3];           /* by SUP_LANG_JS / SUP_LANG_PY; 0: none */
 static snippet snip;
 static int sigfd = -1;
 static int workfd = -1;
+static bool quiescing;            /* this sweep kills the kernels too */
 static unsigned char *down;       /* frames from the daemon */
 static size_t down_len, down_cap;
 
@@ -218,7 +221,7 @@ static void harden(void)
 
 static const char *const child_env[] = {
     "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "TMPDIR=/tmp",
-    "PYTHONIOENCODING=utf-8", NULL, NULL,
+    "PYTHONIOENCODING=utf-8", NULL, NULL, NULL,
 };
 
 /* Moves `fd` to at least 10 (close-on-exec), so dup2 onto 0..2 never meets itself. */
@@ -228,15 +231,18 @@ static int high(int fd)
     return h < 0 ? fd : h;
 }
 
-/* Forks and execs argv with fds 0, 1, 2 (-1: /dev/null) in a process group of its own.
- * Returns the pid, or -1 (errno). */
-static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limit)
+/* Forks and execs argv with fds 0, 1, 2 (-1: /dev/null) in a process group of its own,
+ * `extra` (NULL or "NAME=value") added to its environment.  Returns the pid, or -1
+ * (errno). */
+static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limit,
+                   const char *extra)
 {
     char home[600];
     snprintf(home, sizeof home, "HOME=%s", O.work);
     const char *env[sizeof child_env / sizeof child_env[0]];
     memcpy(env, child_env, sizeof env);
     env[5] = home;
+    env[6] = extra;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
@@ -349,7 +355,7 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     char *js[] = {(char *)O.node, "--expose-internals", "--experimental-vm-modules",
                   heap, "-e", (char *)sbx_kernel_js, prefix, tok, NULL};
     pid_t pid = spawn(lang == SUP_LANG_PY ? py : js, -1, out, err,
-                      lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0);
+                      lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0, NULL);
     int e = errno;
     close(out);
     close(err);
@@ -449,7 +455,11 @@ static void snippet_done(int status)
     snippet_reset();
 }
 
-static void start_snippet(const unsigned char *pl, size_t len)
+/* A snippet (`node -`, the code on its stdin) or a project step (`/bin/sh -c STEP`,
+ * stdin /dev/null: the step's own words, never fed).  A step's Node gets the heap limit
+ * a snippet's has, through NODE_OPTIONS: an address-space limit would stop Node from
+ * starting at all, so a step has none (the sandbox's memory limit holds). */
+static void start_snippet(const unsigned char *pl, size_t len, bool step)
 {
     sup_reader r = {pl, len, 1};
     uint32_t out_cap = sup_read32(&r), err_cap = sup_read32(&r);
@@ -460,16 +470,30 @@ static void start_snippet(const unsigned char *pl, size_t len)
     if (snip.pid)
         return; /* one at a time: the daemon knows */
     snippet_reset();
+    char *cmd = NULL;
+    if (step) { /* the command as a C string: the daemon never sends a NUL in one */
+        cmd = malloc(r.left + 1);
+        if (!cmd)
+            die("out of memory%s", NULL);
+        memcpy(cmd, r.p, r.left);
+        cmd[r.left] = '\0';
+        r.left = 0;
+    }
     int in[2], out[2], err[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         unsigned char p[6] = {0, 127, 0, 0, 0, 0};
         send_frame(SUP_EXEC_DONE, SUP_LANG_EXEC, p, 6);
+        free(cmd);
         return;
     }
-    char heap[48];
+    char heap[48], node_options[64];
     snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
-    char *argv[] = {(char *)O.node, heap, "-", NULL};
-    pid_t pid = spawn(argv, in[0], out[1], err[1], 0);
+    snprintf(node_options, sizeof node_options, "NODE_OPTIONS=%s", heap);
+    char *snippet_argv[] = {(char *)O.node, heap, "-", NULL};
+    char *step_argv[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t pid = step ? spawn(step_argv, -1, out[1], err[1], 0, node_options)
+                     : spawn(snippet_argv, in[0], out[1], err[1], 0, NULL);
+    free(cmd);
     close(in[0]);
     close(out[1]);
     close(err[1]);
@@ -551,19 +575,14 @@ static const char *errno_code(int e)
     }
 }
 
-/* Writes one file under the work directory: every component opened relative to its
- * parent with O_NOFOLLOW (a link planted by an earlier cell is refused, never
- * followed), directories created 0755, the file truncated and written 0644.  Every
- * open is O_NONBLOCK: a FIFO an earlier cell made would otherwise hold the supervisor
- * in open() (and with it every kill) until someone reads it; the type is checked on
- * the descriptor, before anything is truncated or written. */
-static int write_file(const unsigned char *path, size_t plen, const unsigned char *data, size_t len)
+/* Opens the directory that holds `path` (relative to the work directory) and points
+ * *leaf at its last component: every component opened relative to its parent with
+ * O_NOFOLLOW (a link planted by an earlier cell is refused, never followed), missing
+ * directories created 0755 when `create`.  Every open is O_NONBLOCK: a FIFO an earlier
+ * cell made would otherwise hold the supervisor in open() (and with it every kill) until
+ * someone reads it.  Returns 0 with *dir_out, or an errno. */
+static int open_parent(char *p, bool create, int *dir_out, char **leaf)
 {
-    char p[1100];
-    if (plen == 0 || plen >= sizeof p || memchr(path, 0, plen) || path[0] == '/')
-        return EINVAL;
-    memcpy(p, path, plen);
-    p[plen] = '\0';
     int dir = dup(workfd);
     if (dir < 0)
         return errno;
@@ -583,7 +602,7 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
             return ELOOP;
         }
         int next = openat(dir, comp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        if (next < 0 && errno == ENOENT) {
+        if (next < 0 && errno == ENOENT && create) {
             if (mkdirat(dir, comp, 0755) != 0 && errno != EEXIST) {
                 int e = errno;
                 close(dir);
@@ -607,12 +626,40 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
         close(dir);
         return ELOOP;
     }
+    *dir_out = dir;
+    *leaf = comp;
+    return 0;
+}
+
+/* A path from a frame as a C string in `p` (size n); false when it cannot be one. */
+static bool frame_path(const unsigned char *path, size_t plen, char *p, size_t n)
+{
+    if (plen == 0 || plen >= n || memchr(path, 0, plen) || path[0] == '/')
+        return false;
+    memcpy(p, path, plen);
+    p[plen] = '\0';
+    return true;
+}
+
+/* Writes one file under the work directory (see open_parent), the file truncated and
+ * written 0644.  The type is checked on the descriptor, before anything is truncated
+ * or written. */
+static int write_file(const unsigned char *path, size_t plen, const unsigned char *data, size_t len)
+{
+    char p[1100], *comp;
+    int dir;
+    if (!frame_path(path, plen, p, sizeof p))
+        return EINVAL;
+    int e = open_parent(p, true, &dir, &comp);
+    if (e)
+        return e;
+    struct stat lst;
     if (fstatat(dir, comp, &lst, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(lst.st_mode)) {
         close(dir); /* refused by name already; the descriptor's check below decides */
         return S_ISDIR(lst.st_mode) ? EISDIR : E_NOT_REGULAR;
     }
     int fd = openat(dir, comp, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    int e = errno;
+    e = errno;
     close(dir);
     if (fd < 0) /* ENXIO: a FIFO or a socket nobody reads, swapped in after the check */
         return e == ENXIO ? E_NOT_REGULAR : e;
@@ -642,6 +689,80 @@ static int write_file(const unsigned char *path, size_t plen, const unsigned cha
     if (close(fd) != 0)
         return errno;
     return 0;
+}
+
+static void read_done(int status, uint64_t size)
+{
+    unsigned char p[9];
+    p[0] = (unsigned char)status;
+    sup_put64(p + 1, size);
+    send_frame(SUP_READ_DONE, SUP_LANG_EXEC, p, sizeof p);
+}
+
+/* A project's artifact: a regular file under the work directory, reached without
+ * following a link (a link a step planted cannot pull in a file from elsewhere), read
+ * whole when it holds at most the bytes asked for, sent in chunks.  Anything else -- a
+ * missing file, a link, a directory, a FIFO -- is skipped, as the reference's runner
+ * skips it. */
+static void read_artifact(const unsigned char *pl, size_t len)
+{
+    sup_reader r = {pl, len, 1};
+    uint32_t max = sup_read32(&r);
+    if (!r.ok) {
+        errno = 0;
+        die("a malformed read frame%s", NULL);
+    }
+    char p[1100], *comp;
+    int dir = -1, fd = -1;
+    if (!frame_path(r.p, r.left, p, sizeof p)) {
+        read_done(SUP_READ_SKIPPED, 0);
+        return;
+    }
+    as_cells(true);
+    if (open_parent(p, false, &dir, &comp) == 0) {
+        fd = openat(dir, comp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        close(dir);
+    }
+    as_cells(false);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        read_done(SUP_READ_SKIPPED, 0);
+        return;
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        read_done(SUP_READ_OVER, (uint64_t)st.st_size);
+        return;
+    }
+    /* Read whole before anything is sent: a file that grows past `max` meanwhile is
+     * over, never half an artifact. */
+    unsigned char *buf = malloc((size_t)max + 1);
+    if (!buf)
+        die("out of memory%s", NULL);
+    size_t got = 0;
+    while (got <= max) {
+        ssize_t n = read(fd, buf + got, (size_t)max + 1 - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (got > max) {
+        free(buf);
+        read_done(SUP_READ_OVER, got);
+        return;
+    }
+    for (size_t off = 0; off < got;) {
+        size_t n = got - off < SUP_CHUNK ? got - off : SUP_CHUNK;
+        send_frame(SUP_OUT, SUP_LANG_EXEC, buf + off, n);
+        off += n;
+    }
+    free(buf);
+    read_done(SUP_READ_OK, got);
 }
 
 /* ---------------------------------------------------------------- requests */
@@ -682,7 +803,7 @@ static void write_files(int lang, const unsigned char *pl, size_t len)
 
 static bool is_kept(pid_t pid)
 {
-    return pid > 0 && (pid == kernel[SUP_LANG_JS] || pid == kernel[SUP_LANG_PY]);
+    return !quiescing && pid > 0 && (pid == kernel[SUP_LANG_JS] || pid == kernel[SUP_LANG_PY]);
 }
 
 struct linux_dirent64 {
@@ -916,7 +1037,14 @@ static void on_sweep(const unsigned char *pl, size_t len)
         return;
     }
     bool clean;
+    quiescing = (flags & SUP_SWEEP_KERNELS) != 0;
+    if (quiescing)
+        for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+            kill_group(kernel[l]);
     uint32_t killed = sweep(&clean);
+    if (quiescing) /* the kernels' ends are told before the verdict */
+        reap();
+    quiescing = false;
     baseline = clean && O.count_tasks ? tasks_now() : 0;
     uint64_t used = 0;
     if (flags & SUP_SWEEP_MEASURE) {
@@ -959,7 +1087,7 @@ static void on_frame(int type, int lang, const unsigned char *pl, size_t len)
             start_kernel(lang, pl, len);
         return;
     case SUP_FILES:
-        if (interp)
+        if (interp || lang == SUP_LANG_EXEC)
             write_files(lang, pl, len);
         return;
     case SUP_KILL:
@@ -972,7 +1100,11 @@ static void on_frame(int type, int lang, const unsigned char *pl, size_t len)
         on_sweep(pl, len);
         return;
     case SUP_EXEC:
-        start_snippet(pl, len);
+    case SUP_STEP:
+        start_snippet(pl, len, type == SUP_STEP);
+        return;
+    case SUP_READ:
+        read_artifact(pl, len);
         return;
     default:
         errno = 0;

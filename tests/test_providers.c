@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "plimsoll.h"
+#include "plimsoll_sandboxes.h"
 #include "sbxproc.h"
 
 #define WAIT_MS 20000            /* a bound on every wait for the daemon */
@@ -1078,24 +1079,293 @@ static void on_project(void *ud, plm_error *err, plm_result *r)
     pc->r = r;
 }
 
-static void test_D44_projects_in_sessions_are_refused_unsupported(void **state)
+/* ---------------------------------------------------------------- projects */
+
+/* A project through the client (its record checked): in session `s`, or a single run
+ * when `s` is NULL. */
+static plm_error *try_project(plm_session *s, const plm_project *pr, int64_t timeout_ms,
+                              plm_result **out)
+{
+    plm_run_options o;
+    memset(&o, 0, sizeof o);
+    o.timeout_ms = timeout_ms;
+    project_call pc = {false, NULL, NULL};
+    plm_error *e = s ? plm_session_run_project(s, pr, &o, on_project, &pc)
+                     : plm_run_project(P->c, pr, &o, on_project, &pc);
+    if (e)
+        return e;
+    while (!pc.done)
+        ev_run(plm_client_loop(P->c), EVRUN_ONCE);
+    *out = pc.r;
+    return pc.err;
+}
+
+static plm_result *project(plm_session *s, const plm_project *pr, int64_t timeout_ms)
+{
+    plm_result *r = NULL;
+    ok(try_project(s, pr, timeout_ms, &r));
+    assert_non_null(r);
+    assert_int_equal(r->kind, PLM_KIND_PROJECT);
+    return r;
+}
+
+static const char *step_out(const plm_result *r, size_t i)
+{
+    assert_true(i < r->n_steps);
+    return (const char *)r->steps[i].stdout_bytes.data;
+}
+
+/* wire.md §5.2 ProjectRun, D42: files first, then the steps in order in /bin/sh, stopping
+ * at the first that fails (its exit code stated), then the artifacts that exist, each
+ * with its bytes; a missing one is no artifact.  Describe states projects and the
+ * languages the start-up checks proved. */
+static void test_D42_project_files_steps_stop_at_first_failure_artifacts(void **state)
+{
+    (void)state;
+    need();
+    plm_info *info = NULL;
+    ok(plm_describe_sync(P->c, &info));
+    assert_true(info->supports_project);
+    assert_true(info->project.python);
+    assert_true(info->project.javascript);
+    assert_int_equal(info->project.max_timeout_ms, 120000);
+    assert_non_null(info->project.software_identity);
+    plm_info_free(info);
+
+    plm_file files[] = {{"data/in.txt", "41\n"}, {"main.py", "print(int(open('data/in.txt').read()) + 1)"}};
+    const char *steps[] = {"python3 main.py > out.txt; cat out.txt; echo to-stderr >&2",
+                           "node -e 'console.log(6 * 7)'", "printf 'partial'; exit 3",
+                           "echo never > never.txt"};
+    const char *arts[] = {"out.txt", "missing.txt", "never.txt", "data/in.txt"};
+    plm_project pr = {files, 2, steps, 4, arts, 4};
+    plm_result *r = project(NULL, &pr, 0);
+    assert_int_equal(r->outcome, PLM_OUTCOME_COMPLETED);
+    assert_int_equal(r->n_steps, 3);
+    assert_string_equal(r->steps[0].command, steps[0]);
+    assert_string_equal(step_out(r, 0), "42\n");
+    assert_string_equal((const char *)r->steps[0].stderr_bytes.data, "to-stderr\n");
+    assert_int_equal(r->steps[0].exit_code, 0);
+    assert_string_equal(step_out(r, 1), "42\n");
+    assert_string_equal(step_out(r, 2), "partial");
+    assert_int_equal(r->steps[2].exit_code, 3);
+    assert_false(r->steps[2].timed_out);
+    assert_int_equal(r->n_artifacts, 2);
+    assert_string_equal(r->artifacts[0].path, "out.txt");
+    assert_string_equal((const char *)r->artifacts[0].content.data, "42\n");
+    assert_string_equal(r->artifacts[1].path, "data/in.txt");
+    assert_false(r->artifacts_truncated);
+    assert_string_equal(r->sandbox, P->name);
+    plm_result_free(r);
+}
+
+/* D42: each step has the call's timeout; one that passes it is killed (with what it
+ * started), exit 124, timedOut, the run timed_out ("step N exceeded its time budget"),
+ * no later step runs, and the artifacts still come back. */
+static void test_D42_project_step_deadline_kills_the_step_124_timed_out(void **state)
+{
+    (void)state;
+    need();
+    const char *steps[] = {"echo ok > first.txt", "echo started; sleep 30 & while :; do :; done",
+                           "echo never"};
+    const char *arts[] = {"first.txt"};
+    plm_project pr = {NULL, 0, steps, 3, arts, 1};
+    long long t0 = mono_ms();
+    plm_result *r = project(NULL, &pr, 1000);
+    long long took = mono_ms() - t0;
+    assert_true(took < 5000);
+    assert_int_equal(r->outcome, PLM_OUTCOME_TIMED_OUT);
+    contains(r->outcome_detail, "step 2 exceeded its time budget");
+    assert_int_equal(r->n_steps, 2);
+    assert_int_equal(r->steps[1].exit_code, 124);
+    assert_true(r->steps[1].timed_out);
+    assert_string_equal(step_out(r, 1), "started\n");
+    assert_int_equal(r->n_artifacts, 1);
+    assert_string_equal((const char *)r->artifacts[0].content.data, "ok\n");
+    plm_result_free(r);
+    daemon_still_serves();
+}
+
+/* D40 for steps: each stream of a step keeps its first 64 KiB and says it was cut;
+ * artifacts stop at 8 MiB in all, the first that does not fit ending them
+ * (artifactsTruncated). */
+static void test_D40_project_output_capped_64_KiB_artifacts_8_MiB(void **state)
+{
+    (void)state;
+    need();
+    const char *steps[] = {"head -c 100000 /dev/zero | tr '\\0' o; head -c 70000 /dev/zero | "
+                           "tr '\\0' e >&2; head -c 5000000 /dev/zero > a.bin; "
+                           "head -c 5000000 /dev/zero > b.bin; echo small > c.txt"};
+    const char *arts[] = {"a.bin", "b.bin", "c.txt"};
+    plm_project pr = {NULL, 0, steps, 1, arts, 3};
+    plm_result *r = project(NULL, &pr, 30000);
+    assert_int_equal(r->outcome, PLM_OUTCOME_COMPLETED);
+    assert_int_equal(r->steps[0].exit_code, 0);
+    assert_int_equal(r->steps[0].stdout_bytes.len, 65536);
+    assert_true(r->steps[0].stdout_truncated);
+    assert_int_equal(r->steps[0].stderr_bytes.len, 65536);
+    assert_true(r->steps[0].stderr_truncated);
+    assert_int_equal(r->n_artifacts, 1);
+    assert_int_equal(r->artifacts[0].content.len, 5000000);
+    assert_true(r->artifacts_truncated);
+    plm_result_free(r);
+}
+
+/* A file that cannot be written ends the project before any step: setup_failed naming
+ * the file, no steps, no artifacts -- as the reference's runner reports it. */
+static void test_D43_project_file_that_cannot_be_written_is_setup_failed(void **state)
+{
+    (void)state;
+    need();
+    plm_file files[] = {{"a", "a file"}, {"a/b.txt", "under a file"}};
+    const char *steps[] = {"echo never > never.txt"};
+    const char *arts[] = {"a", "never.txt"};
+    plm_project pr = {files, 2, steps, 1, arts, 2};
+    plm_result *r = project(NULL, &pr, 0);
+    assert_int_equal(r->outcome, PLM_OUTCOME_SETUP_FAILED);
+    contains(r->outcome_detail, "project.files[1]");
+    assert_int_equal(r->n_steps, 0);
+    assert_int_equal(r->n_artifacts, 0);
+    plm_result_free(r);
+}
+
+/* A project's steps keep every limit of the sandbox: no network, the memory limit (the
+ * step ends and says so), the pids limit, and (isolating tiers) the sized /work. */
+static void test_probe_project_steps_keep_the_sandboxs_limits(void **state)
+{
+    (void)state;
+    need();
+    const char *bomb[] = {"python3 -c 'a = []\nwhile True: a.append(bytearray(16 << 20))'",
+                          "echo after"};
+    plm_project pr = {NULL, 0, bomb, 2, NULL, 0};
+    plm_result *r = project(NULL, &pr, 60000);
+    /* Killed by the sandbox's memory limit (the step says so), or the whole sandbox
+     * ended (gVisor's backstop: protocol_error, the step told): never a clean run. */
+    assert_int_equal(r->n_steps, 1);
+    assert_int_not_equal(r->steps[0].exit_code, 0);
+    if (r->outcome == PLM_OUTCOME_COMPLETED)
+        contains((const char *)r->steps[0].stderr_bytes.data, "sandboxd:");
+    else
+        assert_int_equal(r->outcome, PLM_OUTCOME_PROTOCOL_ERROR);
+    plm_result_free(r);
+    daemon_still_serves();
+    const char *forks[] = {"python3 -c 'import os\nn = 0\ntry:\n    while n < 2000:\n"
+                           "        if os.fork() == 0:\n            import time; time.sleep(30)\n"
+                           "        n += 1\nexcept OSError:\n    print(\"refused\", n < 2000)'"};
+    plm_project fp = {NULL, 0, forks, 1, NULL, 0};
+    r = project(NULL, &fp, 20000);
+    contains(step_out(r, 0), "refused True");
+    plm_result_free(r);
+    if (!P->isolating)
+        return;
+    const char *probes[] = {"python3 -c 'import socket\ntry:\n    socket.create_connection("
+                            "(\"1.1.1.1\", 53), timeout=2)\n    print(\"connected\")\nexcept OSError:\n"
+                            "    print(\"no network\")'",
+                            "head -c 200000000 /dev/zero > big.bin || echo no room"};
+    plm_project np = {NULL, 0, probes, 2, NULL, 0};
+    r = project(NULL, &np, 20000);
+    assert_int_equal(r->n_steps, 2);
+    assert_string_equal(step_out(r, 0), "no network\n");
+    contains(step_out(r, 1), "no room");
+    plm_result_free(r);
+}
+
+/* D44: a project call in a session first kills every process of the session, the
+ * interpreters included: files stay, variables go, and the next cell of each language
+ * says interpreter_started.  The call takes its place in the chain (the client checks). */
+static void test_D44_project_in_a_session_kills_the_interpreters_first(void **state)
 {
     (void)state;
     need();
     plm_session *s = open_s();
-    const char *steps[] = {"true"};
+    /* The interpreters and what a cell started write their pids down (under the process
+     * provider they are host pids: ps would list the host's processes too). */
+    cell_prints(s, "python", "import os, subprocess\nx = 41\n"
+                             "p = subprocess.Popen(['sleep', '300'])\n"
+                             "open('pids', 'w').write(f'{os.getpid()} {p.pid} ')\n"
+                             "open('kept.txt', 'w').write('kept')", "4\n");
+    cell_prints(s, "javascript", "globalThis.y = 1; require('fs').appendFileSync('pids', "
+                                 "String(process.pid)); 'js'", "'js'\n");
+    const char *steps[] = {"cat kept.txt; echo; for p in $(cat pids); do kill -0 $p 2>/dev/null "
+                           "&& echo alive $p; done; wc -w < pids"};
     plm_project pr = {NULL, 0, steps, 1, NULL, 0};
-    project_call pc = {false, NULL, NULL};
-    plm_error *e = plm_session_run_project(s, &pr, NULL, on_project, &pc);
-    if (!e) {
-        while (!pc.done)
-            ev_run(plm_client_loop(P->c), EVRUN_ONCE);
-        e = pc.err;
-        plm_result_free(pc.r);
-    }
-    expect(e, PLM_UNIMPLEMENTED, PLM_REFUSAL_UNSUPPORTED, NULL);
-    cell_prints(s, "python", "'still here'", "'still here'\n");
+    plm_result *r = project(s, &pr, 0);
+    assert_int_equal(r->outcome, PLM_OUTCOME_COMPLETED);
+    assert_string_equal(step_out(r, 0), "kept\n3\n");
+    assert_int_equal(r->record.sequence, 3);
+    plm_result_free(r);
+    plm_result *c = cell(s, "python", "'x' in globals()");
+    assert_true(c->interpreter_started);
+    assert_string_equal(c->stdout_text, "False\n");
+    plm_result_free(c);
+    c = cell(s, "javascript", "typeof y");
+    assert_true(c->interpreter_started);
+    assert_string_equal(c->stdout_text, "'undefined'\n");
+    plm_result_free(c);
     close_s(s);
+}
+
+typedef struct code_call {
+    bool done;
+    plm_error *err;
+    plm_code_output *out;
+} code_call;
+
+static void on_code(void *ud, plm_error *err, plm_code_output *out)
+{
+    code_call *cc = ud;
+    cc->done = true;
+    cc->err = err;
+    cc->out = out;
+}
+
+static plm_code_output *keyless(plm_sandboxes *sb, const char *lang, const char *code,
+                                const plm_file *files, size_t n)
+{
+    plm_code_input in = {code, lang, files, n, 0};
+    code_call cc = {false, NULL, NULL};
+    ok(plm_sandboxes_run(sb, NULL, &in, NULL, on_code, &cc));
+    while (!cc.done)
+        ev_run(plm_client_loop(P->c), EVRUN_ONCE);
+    ok(cc.err);
+    assert_non_null(cc.out);
+    return cc.out;
+}
+
+/* X10: the sandbox layer's keyless call runs fresh -- a project of the call's files, the
+ * cell and the runner -- in Python and JavaScript alike, with a session cell's
+ * semantics (the last expression printed, a file read, an exception exit 1), and says
+ * nothing is kept. */
+static void test_X10_keyless_calls_run_fresh_python_and_javascript(void **state)
+{
+    (void)state;
+    need();
+    plm_sandboxes_options o;
+    plm_sandboxes_options_init(&o);
+    o.client = P->c;
+    o.minimum_isolation = "process";
+    const char *langs[] = {"python", "javascript"};
+    o.languages = langs;
+    o.n_languages = 2;
+    plm_sandboxes *sb = NULL;
+    ok(plm_sandboxes_new(&o, &sb));
+    plm_file files[] = {{"in.txt", "41"}};
+    plm_code_output *out = keyless(sb, "python", "x = int(open('in.txt').read())\nx + 1", files, 1);
+    assert_int_equal(out->exit_code, 0);
+    assert_string_equal(out->stdout_text, "42\n");
+    assert_false(out->state_kept);
+    assert_false(out->files_persist);
+    assert_non_null(out->record_sha256);
+    plm_code_output_free(out);
+    out = keyless(sb, "python", "raise ValueError('boom')", NULL, 0);
+    assert_int_equal(out->exit_code, 1);
+    contains(out->stderr_text, "ValueError: boom");
+    plm_code_output_free(out);
+    out = keyless(sb, "javascript", "const fs = require('fs'); await Promise.resolve(fs."
+                                    "readFileSync('in.txt', 'utf8') * 1 + 1)", files, 1);
+    assert_int_equal(out->exit_code, 0);
+    assert_string_equal(out->stdout_text, "42\n");
+    plm_code_output_free(out);
+    plm_sandboxes_free(sb);
 }
 
 /* ---------------------------------------------------------------- session life */
@@ -1838,7 +2108,6 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_I11_4_queued_output_cannot_overtake_the_end_of_cell_mark, test_teardown), \
     cmocka_unit_test_teardown(test_D25_a_process_left_behind_is_gone_by_the_next_call, test_teardown),      \
     cmocka_unit_test_teardown(test_D42_snippets_run_in_a_fresh_node_with_exit_codes_and_deadline, test_teardown), \
-    cmocka_unit_test_teardown(test_D44_projects_in_sessions_are_refused_unsupported, test_teardown),        \
     cmocka_unit_test_teardown(test_R14_W30_software_rule_naming_the_daemons_identity_is_met, test_teardown), \
     cmocka_unit_test_teardown(test_D20_idle_suspend_keeps_files_memory_and_interpreters, test_teardown),    \
     cmocka_unit_test_teardown(test_D22_lifetime_ends_the_session_expired_cancelling_a_call, test_teardown), \
@@ -1856,6 +2125,14 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D52_the_supervisor_is_out_of_the_cells_reach, test_teardown),           \
     cmocka_unit_test_teardown(test_D50_uid_tmpfs_sizes_and_rlimits_inside_the_sandbox, test_teardown),     \
     cmocka_unit_test_teardown(test_D51_seccomp_refuses_what_the_filter_denies, test_teardown),             \
+    /* projects (issue 16); the drain stays last: it stops the daemon */                              \
+    cmocka_unit_test_teardown(test_D42_project_files_steps_stop_at_first_failure_artifacts, test_teardown), \
+    cmocka_unit_test_teardown(test_D42_project_step_deadline_kills_the_step_124_timed_out, test_teardown), \
+    cmocka_unit_test_teardown(test_D40_project_output_capped_64_KiB_artifacts_8_MiB, test_teardown),      \
+    cmocka_unit_test_teardown(test_D43_project_file_that_cannot_be_written_is_setup_failed, test_teardown), \
+    cmocka_unit_test_teardown(test_probe_project_steps_keep_the_sandboxs_limits, test_teardown),         \
+    cmocka_unit_test_teardown(test_D44_project_in_a_session_kills_the_interpreters_first, test_teardown), \
+    cmocka_unit_test_teardown(test_X10_keyless_calls_run_fresh_python_and_javascript, test_teardown),     \
     cmocka_unit_test_teardown(test_D53_drain_leaves_no_sandbox_behind, test_teardown)
 
 int main(void)
