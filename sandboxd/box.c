@@ -1042,8 +1042,12 @@ void sbx_box_start(sbx_box *b, int lang)
     ln->start_err_len = 0;
     ln->start_err[0] = '\0';
     ln->broke = NULL;
-    if (!sbx_random_hex(SUP_TOKEN_LEN / 2, ln->token))
-        snprintf(ln->token, sizeof ln->token, "%032x", 0);
+    /* The token is what tells the kernel's replies from a guest's forgeries: without
+     * random bytes there is none worth having, and the sandbox is ended instead. */
+    if (!sbx_random_hex(SUP_TOKEN_LEN / 2, ln->token)) {
+        sbx_box_abort(b, "no random bytes for an interpreter's start token");
+        return;
+    }
     ln->state = SBX_I_STARTING;
     send_simple(b, SUP_START, lang, ln->token, SUP_TOKEN_LEN);
 }
