@@ -36,7 +36,10 @@ DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-opens
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-SBX_SRC  := $(sort $(wildcard sandboxd/*.c))
+# sandboxd/: server/ (HTTP, RPC, sessions, config), providers/ (gvisor, bwrap, process,
+# echo and what the real ones share), inside/ (the supervisor and the kernels).
+SBX_DIRS := sandboxd/server sandboxd/providers sandboxd/inside
+SBX_SRC  := $(sort $(wildcard $(SBX_DIRS:%=%/*.c)))
 SBX_OBJ  := $(SBX_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -53,10 +56,10 @@ HTTPD_OBJ := $(HTTPD_SRC:%.c=$(BUILD)/obj/%.o)
 RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c runtime/store/*.c)))
 # What a program that embeds berth links after libberth.a and libplimsoll.a.
 RT_LIBS   = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS)
-# (-iquote: a project header never hides a system one, such as sandboxd/seccomp.h.)
+# (-iquote: a project header never hides a system one, such as providers/seccomp.h.)
 DIR_lib      = -iquote lib
 DIR_httpd    = -iquote httpd
-DIR_sandboxd = -iquote lib -iquote httpd -iquote sandboxd
+DIR_sandboxd = -iquote lib -iquote httpd $(SBX_DIRS:%=-iquote %)
 DIR_runtime  = -iquote lib -iquote httpd -iquote runtime $(LUA_CFLAGS) $(PQ_CFLAGS)
 DIR_tests    = $(DIR_runtime) -iquote tests/lib
 DIR_bench    = $(DIR_tests)
@@ -98,11 +101,13 @@ $(BUILD)/obj/%.o: %.c
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # The kernels are edited as Python and JavaScript; sandboxd carries them as C strings.
-sandboxd/kernels.c: sandboxd/kernels/kernel.py sandboxd/kernels/kernel.js sandboxd/kernels/embed.py
-	python3 sandboxd/kernels/embed.py
+sandboxd/inside/kernels.c: sandboxd/inside/kernels/kernel.py sandboxd/inside/kernels/kernel.js \
+                           sandboxd/inside/kernels/embed.py tools/c_embed.py
+	python3 sandboxd/inside/kernels/embed.py
 
 # The page of berth serve likewise: runtime/web/*.{html,js,css} as C strings.
-runtime/web/assets.c: runtime/web/index.html runtime/web/app.js runtime/web/style.css runtime/web/embed.py
+runtime/web/assets.c: runtime/web/index.html runtime/web/app.js runtime/web/style.css \
+                      runtime/web/embed.py tools/c_embed.py
 	python3 runtime/web/embed.py
 $(BUILD)/obj/runtime/web.o: runtime/web/assets.c
 
@@ -214,15 +219,16 @@ check-valgrind: deps
 FUZZ_SECONDS ?= 30
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
-FUZZ_SRCS_fuzz_frames := sandboxd/frames.c
+FUZZ_SRCS_fuzz_frames := sandboxd/inside/frames.c
 FUZZ_SRCS_fuzz_scripted := $(RT_SRC) $(HTTPD_SRC)
 FUZZ_SRCS_fuzz_serve := $(RT_SRC) $(HTTPD_SRC)
-FUZZ_CFLAGS_fuzz_frames = -iquote sandboxd
+FUZZ_CFLAGS_fuzz_frames = -iquote sandboxd/inside
+FUZZ_CFLAGS_fuzz_request = $(SBX_DIRS:%=-iquote %)
 FUZZ_CFLAGS_fuzz_scripted = $(DIR_runtime)
 FUZZ_CFLAGS_fuzz_serve = $(DIR_runtime)
 FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
 FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
-build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/*.h)
+build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/inside/*.h)
 build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(HTTPD_SRC) $(wildcard runtime/*.h httpd/*.h)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
@@ -256,7 +262,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzzreplay/%)
 $(foreach h,$(FUZZ_SRC:tests/fuzz/%.c=%),$(eval \
   $(BUILD)/fuzzreplay/$(h): $(FUZZ_SRCS_$(h):%.c=$(BUILD)/obj/%.o)))
 $(BUILD)/fuzzreplay/%: tests/fuzz/%.c tests/fuzz/replay.c $(BUILD)/libplimsoll.a \
-                       $(wildcard runtime/*.[ch] sandboxd/*.[ch])
+                       $(wildcard runtime/*.[ch] $(SBX_DIRS:%=%/*.[ch]))
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d -iquote lib $(FUZZ_CFLAGS_$*) $(CFLAGS) -DREPLAY_NAME='"$*"' \
 	  -DREPLAY_DIR='"$(CURDIR)/tests/fuzz"' -o $@ $< tests/fuzz/replay.c \

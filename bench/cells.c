@@ -4,7 +4,7 @@
  *   - warm Python and JavaScript trivial cells (`1`) in one session: p50 / p95;
  *   - open + first cell, cold (--pool 0) and from the warm pool;
  *   - the floor: the same trivial cell sent straight to the same kernel
- *     (sandboxd/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
+ *     (sandboxd/inside/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
  *     with no daemon, no HTTP and no sandbox; and the ratios to it.
  * The echo provider comes last: it runs no code, so its figures are the protocol's own
  * cost (client, HTTP, records).  Run from the repository root (`make bench`).  BENCH_PROVIDERS=bwrap limits the run;
@@ -166,7 +166,7 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
 {
     *dist = NULL;
     bool py = strcmp(lang, "python") == 0;
-    char *kernel = slurp(py ? "sandboxd/kernels/kernel.py" : "sandboxd/kernels/kernel.js");
+    char *kernel = slurp(py ? "sandboxd/inside/kernels/kernel.py" : "sandboxd/inside/kernels/kernel.js");
     if (!kernel)
         return 0;
     char dir[] = "/tmp/bench-floor.XXXXXX";

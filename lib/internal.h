@@ -177,7 +177,7 @@ plm_error *plm_envelope(json_t *req, const plm_run_options *o, const char *floor
 plm_error *plm_project_to_json(const plm_project *p, const char *grant, json_t **out);
 plm_error *plm_check_cancel(const plm_cancel *c, const char *method);
 
-/* ---- answer mapping (map.c) */
+/* ---- answer mapping (answer_to_result.c) */
 /* Maps a checked RunResponse; takes `rec`.  Malformed values are DATA_LOSS. */
 plm_error *plm_map_result(const json_t *resp, plm_record *rec, plm_result **out);
 plm_error *plm_map_info(const json_t *ans, plm_info **out);

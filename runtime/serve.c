@@ -19,7 +19,7 @@
  * id, a token or a session id (they name conversations by run id, "conv-<n>", and
  * callers by a short digest of their token).
  *
- * MHD glue (as sandboxd/http.c): external epoll fd watched by an ev_io, MHD_run from
+ * MHD glue (as sandboxd/server/http.c): external epoll fd watched by an ev_io, MHD_run from
  * it, from a timer that follows MHD_get_timeout (re-armed by an ev_prepare) and from a
  * zero-delay "kick" timer after a resume — never from inside an MHD callback.  A
  * stream is a response whose content reader suspends its connection when it has

@@ -1115,7 +1115,7 @@ static const char *step_out(const plm_result *r, size_t i)
     return (const char *)r->steps[i].stdout_bytes.data;
 }
 
-/* wire.md §5.2 ProjectRun, D42: files first, then the steps in order in /bin/sh, stopping
+/* docs/wire.md §5.2 ProjectRun, D42: files first, then the steps in order in /bin/sh, stopping
  * at the first that fails (its exit code stated), then the artifacts that exist, each
  * with its bytes; a missing one is no artifact.  Describe states projects and the
  * languages the start-up checks proved. */
@@ -2078,8 +2078,8 @@ static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state
 static void test_kernels_embedded_in_the_binary_match_their_sources(void **state)
 {
     (void)state;
-    /* sandboxd/kernels.c is generated from sandboxd/kernels/kernel.{py,js}. */
-    int rc = system("python3 sandboxd/kernels/embed.py --check");
+    /* sandboxd/inside/kernels.c is generated from sandboxd/inside/kernels/kernel.{py,js}. */
+    int rc = system("python3 sandboxd/inside/kernels/embed.py --check");
     assert_true(rc != -1 && WIFEXITED(rc));
     assert_int_equal(WEXITSTATUS(rc), 0);
 }

@@ -12,6 +12,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+from c_embed import literal, write_or_check  # noqa: E402
+
 OUT = os.path.join(HERE, "assets.c")
 
 # (URL path, file, content type); "/" is the page itself.
@@ -20,34 +23,6 @@ ASSETS = [
     ("/app.js", "app.js", "text/javascript; charset=utf-8"),
     ("/style.css", "style.css", "text/css; charset=utf-8"),
 ]
-
-
-def literal(name, data):
-    """A C string literal of the bytes, one source line per line of the file.  Bytes
-    outside printable ASCII are octal escapes (three digits, so a following digit is
-    never taken in), and '?' is escaped so that no trigraph forms under -std=c11."""
-    lines = ["static const char %s[] =" % name]
-    for line in data.splitlines(True):
-        out = []
-        for b in line:
-            c = chr(b)
-            if c == "\\":
-                out.append("\\\\")
-            elif c == '"':
-                out.append('\\"')
-            elif c == "?":
-                out.append("\\?")
-            elif c == "\n":
-                out.append("\\n")
-            elif 32 <= b < 127:
-                out.append(c)
-            else:
-                out.append("\\%03o" % b)
-        lines.append('    "%s"' % "".join(out))
-    if len(lines) == 1:
-        lines.append('    ""')
-    lines[-1] += ";"
-    return "\n".join(lines) + "\n"
 
 
 def render():
@@ -60,29 +35,12 @@ def render():
             data = f.read()
         var = "web_" + name.replace(".", "_")
         etag = '"%s"' % hashlib.sha256(data).hexdigest()[:32]
-        parts.append("\n" + literal(var, data))
+        parts.append("\n" + literal("static const char %s[]" % var, data))
         rows.append('  {"%s", "%s", %s, sizeof %s - 1, "%s"},' %
                     (path, ctype, var, var, etag.replace('"', '\\"')))
     parts.append("\nstatic const struct web_asset web_assets[] = {\n" + "\n".join(rows) + "\n};\n")
     return "".join(parts)
 
 
-def main():
-    text = render()
-    if "--check" in sys.argv[1:]:
-        try:
-            with open(OUT) as f:
-                same = f.read() == text
-        except OSError:
-            same = False
-        if not same:
-            print("runtime/web/assets.c is stale: run python3 runtime/web/embed.py")
-            return 1
-        return 0
-    with open(OUT, "w") as f:
-        f.write(text)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    write_or_check(OUT, render(), "python3 runtime/web/embed.py")

@@ -1,5 +1,5 @@
 /*
- * fuzz_frames.c — the framing of sandboxd's links (sandboxd/frames.c, sup_proto.h):
+ * fuzz_frames.c — the framing of sandboxd's links (sandboxd/inside/frames.c, sup_proto.h):
  * what a kernel writes on its reply FIFO (box.c: read_replies, on_reply), what the
  * supervisor sends the daemon (box.c: on_from) and what the daemon sends the
  * supervisor (supervisor.c: on_daemon_input, write_files).  Code in the sandbox writes
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../sandboxd/frames.h"
+#include "../../sandboxd/inside/frames.h"
 
 typedef struct chan {
     uint32_t min, max;

@@ -7,10 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../sandboxd/details.c"
-#include "../../sandboxd/errors.c"
-#include "../../sandboxd/request.c"
-#include "../../sandboxd/util.c"
+#include "../../sandboxd/server/details.c"
+#include "../../sandboxd/server/errors.c"
+#include "../../sandboxd/server/request.c"
+#include "../../sandboxd/server/util.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -1,5 +1,5 @@
 /*
- * provider_gvisor.c — the `gvisor` provider, tier `kernel`: each session is one gVisor
+ * gvisor.c — the `gvisor` provider, tier `kernel`: each session is one gVisor
  * sandbox (`runsc run` of an OCI bundle, no Docker), whose user-space kernel stands
  * between the code and the host's.  The bundle (made per sandbox) has a read-only root
  * (an empty template with links into /usr), read-only binds of /usr, a generated /etc
@@ -18,8 +18,8 @@
 #include "cgroup.h"
 #include "log.h"
 #include "proc.h"
-#include "realprov.h"
-#include "sbxstate.h"
+#include "real_provider.h"
+#include "state_dir.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -42,7 +42,7 @@
 #define BACKSTOP_MB_PER_TASK 4u
 
 struct sbx_backend {
-    sbx_real_base base;            /* first (realprov.h) */
+    sbx_real_base base;            /* first (real_provider.h) */
     char *runsc_root, *rootfs, *bundles;
     char platform[64];
     char io[512];                  /* scratch for box_config */

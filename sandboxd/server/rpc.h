@@ -5,7 +5,7 @@
 #ifndef SBX_RPC_H
 #define SBX_RPC_H
 
-#include "app.h"
+#include "daemon.h"
 #include "http.h"
 #include "request.h"
 

@@ -1,12 +1,12 @@
 /*
- * cgbox.c — see cgbox.h.
+ * host_box.c — see host_box.h.
  */
-#include "cgbox.h"
+#include "host_box.h"
 
 #include "log.h"
 #include "proc.h"
-#include "realprov.h"
-#include "sbxstate.h"
+#include "real_provider.h"
+#include "state_dir.h"
 #include "util.h"
 
 #include <errno.h>
@@ -20,16 +20,16 @@
 #define CLEANUP_TRIES 300
 #define CLEANUP_RETRY_S 0.01      /* 300 x 10 ms: killed tasks have 3 s to go */
 
-/* The backend's struct sbx_backend begins with its sbx_real_base (cgbox.h). */
+/* The backend's struct sbx_backend begins with its sbx_real_base (host_box.h). */
 static sbx_real_base *base_of(sbx_backend *bk)
 {
     return (sbx_real_base *)bk;
 }
 
 /* Attaches a new record to the box. */
-static sbx_cgbox *cgbox_new(sbx_real_base *base, sbx_box *b)
+static sbx_host_box *host_box_new(sbx_real_base *base, sbx_box *b)
 {
-    sbx_cgbox *c = sbx_xcalloc(1, sizeof *c);
+    sbx_host_box *c = sbx_xcalloc(1, sizeof *c);
     c->base = base;
     c->loop = base->loop;
     c->box = b;
@@ -37,7 +37,7 @@ static sbx_cgbox *cgbox_new(sbx_real_base *base, sbx_box *b)
     return c;
 }
 
-void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc)
+void sbx_host_box_box_config(sbx_backend *bk, sbx_box_config *bc)
 {
     sbx_real_base *base = base_of(bk);
     if (base->st.root) { /* a uid of its own; none free: the launch fails */
@@ -51,7 +51,7 @@ void sbx_cgbox_box_config(sbx_backend *bk, sbx_box_config *bc)
     }
 }
 
-uid_t sbx_cgbox_uid(sbx_backend *bk, sbx_box *b, char **why)
+uid_t sbx_host_box_uid(sbx_backend *bk, sbx_box *b, char **why)
 {
     sbx_real_base *base = base_of(bk);
     if (!base->st.root)
@@ -64,7 +64,7 @@ uid_t sbx_cgbox_uid(sbx_backend *bk, sbx_box *b, char **why)
 }
 
 typedef struct launch_ctx {
-    sbx_cgbox *c;
+    sbx_host_box *c;
     bool drop;                     /* to uid and gid (the daemon is root) */
     uid_t uid;
     rlim_t data;                   /* RLIMIT_DATA when there is no group, or 0 */
@@ -91,14 +91,14 @@ static int launch_preexec(void *ud)
     return 0;
 }
 
-pid_t sbx_cgbox_launch(sbx_backend *bk, sbx_box *b, const char *const *argv, const char *work,
+pid_t sbx_host_box_launch(sbx_backend *bk, sbx_box *b, const char *const *argv, const char *work,
                        int in, int out, int err, char **why)
 {
     sbx_real_base *base = base_of(bk);
-    sbx_cgbox *c = cgbox_new(base, b);
+    sbx_host_box *c = host_box_new(base, b);
     if (work)
         c->work = sbx_xstrdup(work);
-    uid_t uid = sbx_cgbox_uid(bk, b, why);
+    uid_t uid = sbx_host_box_uid(bk, b, why);
     if (uid == (uid_t)-1)
         return -1;
     if (base->cgroups) {
@@ -133,9 +133,9 @@ static void freeze_done(void *arg)
     free(f);
 }
 
-void sbx_cgbox_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_box *b, bool ok))
+void sbx_host_box_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_box *b, bool ok))
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     freeze_ctx *f = sbx_xcalloc(1, sizeof *f);
     f->b = b;
     f->cb = cb;
@@ -146,9 +146,9 @@ void sbx_cgbox_freeze(sbx_backend *bk, sbx_box *b, bool frozen, void (*cb)(sbx_b
     sbx_defer(base_of(bk)->loop, freeze_done, f);
 }
 
-void sbx_cgbox_force_kill(sbx_backend *bk, sbx_box *b)
+void sbx_host_box_force_kill(sbx_backend *bk, sbx_box *b)
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     if (!c)
         return;
     if (c->has_cg) {
@@ -161,7 +161,7 @@ void sbx_cgbox_force_kill(sbx_backend *bk, sbx_box *b)
 
 /* The sandbox's processes are gone (or kept: keep_uid): its work directory goes, then
  * its uid may serve another sandbox. */
-static void cgbox_free(sbx_cgbox *c)
+static void host_box_free(sbx_host_box *c)
 {
     sbx_real_base *base = c->base;
     if (c->work) {
@@ -185,7 +185,7 @@ static void on_retry(struct ev_loop *loop, ev_timer *w, int revents)
 /* Until the group holds no task: bounded retries, 10 ms apart. */
 static void cleanup_step(void *arg)
 {
-    sbx_cgbox *c = arg;
+    sbx_host_box *c = arg;
     if (c->has_cg) {
         sbx_cgroup_freeze(&c->cg, false);
         sbx_cgroup_tasks(&c->cg, true);
@@ -205,22 +205,22 @@ static void cleanup_step(void *arg)
     sbx_box *b = c->box;
     void (*cb)(sbx_box *) = c->cleaned;
     sbx_box_set_backend_data(b, NULL);
-    cgbox_free(c);
+    host_box_free(c);
     cb(b);
 }
 
-void sbx_cgbox_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
+void sbx_host_box_cleanup(sbx_backend *bk, sbx_box *b, void (*cb)(sbx_box *b))
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     if (!c) /* never launched: nothing on the host */
-        c = cgbox_new(base_of(bk), b);
+        c = host_box_new(base_of(bk), b);
     c->cleaned = cb;
     sbx_defer(c->loop, cleanup_step, c);
 }
 
-void sbx_cgbox_cleanup_sync(sbx_backend *bk, sbx_box *b)
+void sbx_host_box_cleanup_sync(sbx_backend *bk, sbx_box *b)
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     if (!c)
         return;
     if (c->has_cg) {
@@ -234,11 +234,11 @@ void sbx_cgbox_cleanup_sync(sbx_backend *bk, sbx_box *b)
         sbx_cgroup_forget(&c->cg);
     }
     sbx_box_set_backend_data(b, NULL);
-    cgbox_free(c);
+    host_box_free(c);
 }
 
-uint64_t sbx_cgbox_oom_kills(sbx_backend *bk, sbx_box *b)
+uint64_t sbx_host_box_oom_kills(sbx_backend *bk, sbx_box *b)
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     return c && c->has_cg ? sbx_cgroup_oom_kills(&c->cg) : 0;
 }

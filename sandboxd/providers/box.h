@@ -5,7 +5,7 @@
  * stderr), which the daemon makes in a host directory the backend binds into the
  * sandbox and holds open read-write for the sandbox's whole life.
  *
- * A box knows nothing of sessions: realprov.c drives it (one call at a time) and the
+ * A box knows nothing of sessions: real_provider.c drives it (one call at a time) and the
  * pool keeps boxes warm.  Every operation completes through its callback from the loop,
  * never inside the call that started it.
  */

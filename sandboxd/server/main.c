@@ -8,7 +8,7 @@
  * Drain: stop accepting, end every session as `shutdown`, let every request in flight
  * get its answer sent and every sandbox close, then exit 0.
  */
-#include "app.h"
+#include "daemon.h"
 #include "config.h"
 #include "http.h"
 #include "log.h"
@@ -16,7 +16,7 @@
 #include "rpc.h"
 #include "sessions.h"
 #include "sup_proto.h"
-#include "testep.h"
+#include "test_endpoints.h"
 #include "util.h"
 
 #include <ev.h>
@@ -201,13 +201,13 @@ int main(int argc, char **argv)
     char *why = NULL;
     app->sessions = sbx_registry_new(app->loop, &cfg, ops, app->provider);
     if (cfg.test_endpoints)
-        app->testep = sbx_testep_new(app);
+        app->test_endpoints = sbx_test_endpoints_new(app);
     size_t n_routes = cfg.test_endpoints ? SBX_ARRAY_LEN(rpc_routes) : N_RPC_ROUTES;
     d.http = sbx_http_new(app->loop, &cfg, rpc_routes, n_routes, app, &why);
     if (!d.http) {
         sbx_log("%s", why ? why : "cannot start the HTTP server");
         free(why);
-        sbx_testep_free(app->testep);
+        sbx_test_endpoints_free(app->test_endpoints);
         sbx_registry_free(app->sessions);
         ops->destroy(app->provider);
         sbx_config_free(&cfg);
@@ -237,7 +237,7 @@ int main(int argc, char **argv)
     ev_signal_stop(app->loop, &d.sigint);
     ev_timer_stop(app->loop, &d.drain_limit);
     sbx_http_free(d.http);
-    sbx_testep_free(app->testep);
+    sbx_test_endpoints_free(app->test_endpoints);
     sbx_registry_free(app->sessions);
     ops->destroy(app->provider);
     sbx_config_free(&cfg);

@@ -1,5 +1,5 @@
 /*
- * app.h — what every handler needs: the loop, the configuration, the provider and
+ * daemon.h — what every handler needs: the loop, the configuration, the provider and
  * the session registry.  One per process, created by main and passed as the route
  * handlers' `app` (no globals).
  */
@@ -11,7 +11,7 @@
 #include "sessions.h"
 
 struct ev_loop;
-struct sbx_testep;
+struct sbx_test_endpoints;
 
 typedef struct sbx_app {
     struct ev_loop *loop;
@@ -20,7 +20,7 @@ typedef struct sbx_app {
     sbx_provider *provider;
     const sbx_facts *facts;
     sbx_registry *sessions;
-    struct sbx_testep *testep;     /* NULL without --test-endpoints */
+    struct sbx_test_endpoints *test_endpoints;     /* NULL without --test-endpoints */
     /* Single runs executing now, for the admission limits (rpc.c). */
     uint32_t runs_active;
     struct run_op *runs;

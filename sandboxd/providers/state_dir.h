@@ -1,5 +1,5 @@
 /*
- * sbxstate.h — what the real providers share on the host: this daemon's state directory
+ * state_dir.h — what the real providers share on the host: this daemon's state directory
  * (a copy of the supervisor binary, a minimal /etc for the sandboxes, per-sandbox
  * files), the uid sandboxed code runs as, and a deferral helper for callbacks that
  * must come from the loop.

@@ -1,6 +1,6 @@
 /*
- * realprov.c — sessions, cells, snippets, the smoke test and the warm pool of the
- * providers that run real code (see realprov.h).
+ * real_provider.c — sessions, cells, snippets, the smoke test and the warm pool of the
+ * providers that run real code (see real_provider.h).
  *
  * A cell's way (docs/daemon.md §5.3): the call waits for the previous call's sweep, thaws a
  * suspended sandbox, starts the language's interpreter if none runs (the call then
@@ -25,7 +25,7 @@
  * open takes one (oldest warm first) and a new one is started in its place.  A member
  * is never reused after a session and is replaced after 30 minutes.
  */
-#include "realprov.h"
+#include "real_provider.h"
 
 #include "cgroup.h"
 #include "kernels.h"

@@ -1,8 +1,8 @@
 /*
- * realprov.h — the providers that run real code (process, bwrap, gvisor) share one
- * implementation of provider.h (realprov.c: sessions, cells, deadlines, snippets, the
+ * real_provider.h — the providers that run real code (process, bwrap, gvisor) share one
+ * implementation of provider.h (real_provider.c: sessions, cells, deadlines, snippets, the
  * smoke test and the warm pool) over a backend that only knows how to make, freeze and
- * remove one sandbox (provider_process.c, provider_bwrap.c, provider_gvisor.c).
+ * remove one sandbox (process.c, bwrap.c, gvisor.c).
  */
 #ifndef SBX_REALPROV_H
 #define SBX_REALPROV_H
@@ -10,7 +10,7 @@
 #include "box.h"
 #include "config.h"
 #include "provider.h"
-#include "sbxstate.h"
+#include "state_dir.h"
 #include "uids.h"
 
 struct ev_loop;
@@ -52,7 +52,7 @@ typedef struct sbx_real_backend {
     /* Extra start-up proof of the tier's promises, on a live smoke-test box (e.g. the
      * cgroup limits read back); NULL when fine, else a malloc'd reason. */
     char *(*verify)(sbx_backend *bk, sbx_box *b);
-    /* What the smoke probe must find inside (see realprov.c). */
+    /* What the smoke probe must find inside (see real_provider.c). */
     bool want_isolation;           /* no network, read-only root, writable work dir */
     bool want_seccomp;             /* Seccomp: 2, NoNewPrivs: 1, no capabilities */
     bool want_other_kernel;        /* a kernel release other than the host's (gVisor) */

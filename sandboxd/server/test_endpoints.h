@@ -1,5 +1,5 @@
 /*
- * testep.h — endpoints for client test suites (--test-endpoints only), as plimsoll's
+ * test_endpoints.h — endpoints for client test suites (--test-endpoints only), as plimsoll's
  * test daemons serve them (docs/daemon.md §9, docs/conformance.md D59):
  *   POST /test/end-sessions  ends every session as `expired`; 200, no body.
  *   POST /test/wait-ended    200 once every opened session has ended, 504 after 10 s.
@@ -8,13 +8,13 @@
 #ifndef SBX_TESTEP_H
 #define SBX_TESTEP_H
 
-#include "app.h"
+#include "daemon.h"
 #include "http.h"
 
-typedef struct sbx_testep sbx_testep;
+typedef struct sbx_test_endpoints sbx_test_endpoints;
 
-sbx_testep *sbx_testep_new(sbx_app *app);
-void sbx_testep_free(sbx_testep *t);
+sbx_test_endpoints *sbx_test_endpoints_new(sbx_app *app);
+void sbx_test_endpoints_free(sbx_test_endpoints *t);
 
 void sbx_test_end_sessions(void *app, sbx_call *call);
 void sbx_test_wait_ended(void *app, sbx_call *call);

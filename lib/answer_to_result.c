@@ -1,5 +1,5 @@
 /*
- * map.c — from checked wire answers to plm_result / plm_info (docs/client.md §2.4–2.5).
+ * answer_to_result.c — from checked wire answers to plm_result / plm_info (docs/client.md §2.4–2.5).
  * Any value of the wrong type is a malformed answer (DATA_LOSS), never a crash.
  */
 #include "internal.h"

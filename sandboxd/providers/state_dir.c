@@ -1,7 +1,7 @@
 /*
- * sbxstate.c — the real providers' host-side state (see sbxstate.h).
+ * state_dir.c — the real providers' host-side state (see state_dir.h).
  */
-#include "sbxstate.h"
+#include "state_dir.h"
 
 #include "log.h"
 #include "uids.h"

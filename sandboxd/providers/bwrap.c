@@ -1,5 +1,5 @@
 /*
- * provider_bwrap.c — the `bwrap` provider, tier `container` (docs/daemon.md §4.2 and §8:
+ * bwrap.c — the `bwrap` provider, tier `container` (docs/daemon.md §4.2 and §8:
  * the container tier): bubblewrap with new user, PID, network (no interface
  * but a down loopback), IPC, UTS, cgroup and mount namespaces; a read-only root made
  * of read-only binds of /usr (and the /bin, /lib... links into it), a generated /etc
@@ -13,8 +13,8 @@
  * seccomp filter (seccomp.c) before it starts anything.  Memory (no swap), pids and CPU
  * are a cgroup v1 group per sandbox when the daemon is root; without root, rlimits.
  */
-#include "cgbox.h"
-#include "realprov.h"
+#include "host_box.h"
+#include "real_provider.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -26,7 +26,7 @@
 #define MAX_ARGS 128
 
 struct sbx_backend {
-    sbx_real_base base;            /* first (cgbox.h) */
+    sbx_real_base base;            /* first (host_box.h) */
     char *links[8][2];             /* host top-level links into /usr: {name, target} */
     char *binds[8];                /* host top-level directories bound read-only */
     size_t n_links, n_binds;
@@ -85,7 +85,7 @@ static void bwrap_box_config(sbx_backend *bk, sbx_box_config *bc)
     snprintf(bk->io, sizeof bk->io, "%s/io-%s", bk->base.st.dir, bc->id);
     bc->host_io = bk->io;
     bc->supervisor_path = "/.berth/supervisor";
-    sbx_cgbox_box_config(bk, bc);
+    sbx_host_box_box_config(bk, bc);
 }
 
 /* The supervisor under bubblewrap, its view of the host made of read-only binds. */
@@ -93,8 +93,8 @@ static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err,
 {
     const char *argv[MAX_ARGS];
     size_t n = 0;
-    char uid[16]; /* the box's own (cgbox.h), mapped to itself inside */
-    uid_t u = sbx_cgbox_uid(bk, b, why);
+    char uid[16]; /* the box's own (host_box.h), mapped to itself inside */
+    uid_t u = sbx_host_box_uid(bk, b, why);
     if (u == (uid_t)-1)
         return -1;
     snprintf(uid, sizeof uid, "%u", (unsigned)u);
@@ -128,14 +128,14 @@ static pid_t bwrap_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err,
     for (const char *const *a = sbx_box_supervisor_argv(b); *a && n < MAX_ARGS - 1; a++)
         argv[n++] = *a;
     argv[n] = NULL;
-    return sbx_cgbox_launch(bk, b, argv, NULL, in, out, err, why);
+    return sbx_host_box_launch(bk, b, argv, NULL, in, out, err, why);
 }
 
 /* The limits of a live sandbox read back from its group (the reference's smoke test
  * reads back pids.max and refuses on a mismatch). */
 static char *bwrap_verify(sbx_backend *bk, sbx_box *b)
 {
-    sbx_cgbox *c = sbx_box_backend_data(b);
+    sbx_host_box *c = sbx_box_backend_data(b);
     const sbx_config *cfg = bk->base.cfg;
     if (!bk->base.cgroups || !c || !c->has_cg)
         return NULL;
@@ -161,7 +161,7 @@ static const sbx_real_backend bwrap_backend = {
     .create = bwrap_create,
     .destroy = bwrap_destroy,
     .box_config = bwrap_box_config,
-    .oom_kills = sbx_cgbox_oom_kills,
+    .oom_kills = sbx_host_box_oom_kills,
     .verify = bwrap_verify,
     .want_isolation = true,
     .want_seccomp = true,

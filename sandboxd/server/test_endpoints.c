@@ -1,8 +1,8 @@
 /*
- * testep.c — the test endpoints.  wait-ended parks its call until the registry
+ * test_endpoints.c — the test endpoints.  wait-ended parks its call until the registry
  * reports that every session has ended, or its 10 s bound passes.
  */
-#include "testep.h"
+#include "test_endpoints.h"
 
 #include "log.h"
 #include "util.h"
@@ -13,20 +13,20 @@
 #define WAIT_ENDED_S 10.
 
 typedef struct waiter {
-    sbx_testep *t;
+    sbx_test_endpoints *t;
     sbx_call *call;
     ev_timer timeout;
     struct waiter *prev, *next;
 } waiter;
 
-struct sbx_testep {
+struct sbx_test_endpoints {
     sbx_app *app;
     waiter *waiters;
 };
 
 static void waiter_done(waiter *w, unsigned status)
 {
-    sbx_testep *t = w->t;
+    sbx_test_endpoints *t = w->t;
     ev_timer_stop(t->app->loop, &w->timeout);
     if (w->prev)
         w->prev->next = w->next;
@@ -47,22 +47,22 @@ static void on_wait_timeout(struct ev_loop *loop, ev_timer *timer, int revents)
 
 static void on_session_end(void *ud)
 {
-    sbx_testep *t = ud;
+    sbx_test_endpoints *t = ud;
     if (!sbx_registry_all_ended(t->app->sessions))
         return;
     while (t->waiters)
         waiter_done(t->waiters, 200);
 }
 
-sbx_testep *sbx_testep_new(sbx_app *app)
+sbx_test_endpoints *sbx_test_endpoints_new(sbx_app *app)
 {
-    sbx_testep *t = sbx_xcalloc(1, sizeof *t);
+    sbx_test_endpoints *t = sbx_xcalloc(1, sizeof *t);
     t->app = app;
     sbx_registry_on_end(app->sessions, on_session_end, t);
     return t;
 }
 
-void sbx_testep_free(sbx_testep *t)
+void sbx_test_endpoints_free(sbx_test_endpoints *t)
 {
     if (!t)
         return;
@@ -88,7 +88,7 @@ void sbx_test_end_sessions(void *ud, sbx_call *call)
 void sbx_test_wait_ended(void *ud, sbx_call *call)
 {
     sbx_app *app = ud;
-    sbx_testep *t = app->testep;
+    sbx_test_endpoints *t = app->test_endpoints;
     if (sbx_registry_all_ended(app->sessions)) {
         sbx_call_reply_empty(call, 200);
         return;

@@ -40,7 +40,7 @@ typedef struct sbx_config {
     uint32_t pool;                                       /* warm sandboxes, 2 */
     uint32_t sandbox_uid;                                /* first of the uid range, 61000 */
     uint32_t uid_count;                                  /* --uid-range size; 0: default */
-    char *state_dir;                                     /* NULL: see sbxstate.h */
+    char *state_dir;                                     /* NULL: see state_dir.h */
     char *python_path, *node_path, *bwrap_path, *runsc_path, *runsc_platform;
     char *record_key_path;         /* --record-key: sign records (records.c), or NULL */
     /* SHA-256 of each token of the token file: the tokens themselves are not kept. */

@@ -1,5 +1,5 @@
 /*
- * provider_process.c — the `process` provider, tier `process`: the supervisor and the
+ * process.c — the `process` provider, tier `process`: the supervisor and the
  * interpreters run as plain child processes in a private work directory, as a uid of the
  * sandbox's own when the daemon is root (--uid-range, uids.h: the only boundary between
  * two such sandboxes), with limits from a cgroup v1 group when the daemon is root
@@ -7,8 +7,8 @@
  * (sbx_remove_tree): the sandbox may swap links into it while it goes.  No namespaces and no filter: it is for
  * development, offered only when asked for (--provider process), never by auto.
  */
-#include "cgbox.h"
-#include "realprov.h"
+#include "host_box.h"
+#include "real_provider.h"
 #include "util.h"
 
 #include <errno.h>
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 struct sbx_backend {
-    sbx_real_base base;            /* first (cgbox.h) */
+    sbx_real_base base;            /* first (host_box.h) */
     char work[512], io[512];       /* scratch for box_config */
 };
 
@@ -51,7 +51,7 @@ static void proc_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->io = bc->host_io = bk->io;
     bc->measure_disk = bk->base.cfg->disk_mb != 0; /* a host directory: no size of its own */
     bc->supervisor_path = bk->base.st.supervisor;
-    sbx_cgbox_box_config(bk, bc);
+    sbx_host_box_box_config(bk, bc);
 }
 
 /* The supervisor runs as it is, in a host work directory of its own. */
@@ -60,14 +60,14 @@ static pid_t proc_launch(sbx_backend *bk, sbx_box *b, int in, int out, int err, 
     const sbx_state *st = &bk->base.st;
     const char *const *argv = sbx_box_supervisor_argv(b);
     const char *work = argv[3] + strlen("work=");
-    uid_t uid = sbx_cgbox_uid(bk, b, why);
+    uid_t uid = sbx_host_box_uid(bk, b, why);
     if (uid == (uid_t)-1)
         return -1;
     if (mkdir(work, 0700) != 0 || (st->root && chown(work, uid, (gid_t)uid) != 0)) {
         *why = sbx_printf("cannot create the work directory %s: %s", work, strerror(errno));
         return -1;
     }
-    return sbx_cgbox_launch(bk, b, argv, work, in, out, err, why);
+    return sbx_host_box_launch(bk, b, argv, work, in, out, err, why);
 }
 
 static const sbx_backend_ops proc_box_ops = SBX_CGBOX_OPS(proc_launch);
@@ -79,7 +79,7 @@ static const sbx_real_backend process_backend = {
     .create = proc_create,
     .destroy = proc_destroy,
     .box_config = proc_box_config,
-    .oom_kills = sbx_cgbox_oom_kills,
+    .oom_kills = sbx_host_box_oom_kills,
     .sweep_on_hint = true, /* its sweep reads every process of the host */
 };
 
