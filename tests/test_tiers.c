@@ -397,16 +397,8 @@ static void test_T07_python_over_the_memory_limit_ends_out_of_memory(void **stat
 static void test_T07_javascript_buffers_over_the_memory_limit_end_out_of_memory(void **state)
 {
     (void)state;
-    if (P && !strcmp(P->name, "gvisor")) {
-        /* Open (issue 11, item 7): gVisor ignores RLIMIT_DATA, V8 shrinks its
-         * reservations with RLIMIT_AS so no fixed address-space limit both starts the
-         * JavaScript kernel and bounds its Buffers, and the host cgroup is a backstop
-         * sized for --pids ptrace stubs.  Bounding Node's external memory there needs
-         * the supervisor or the kernel (not this tier's host side). */
-        print_message("skipped for gvisor: known open, Node's Buffers are bounded only by the "
-                      "sandbox's backstop (2 x --memory-mb + 256 MiB + 4 MiB per --pids)\n");
-        skip();
-    }
+    /* Under gVisor no host limit reaches Node's Buffers: the supervisor's memory watch
+     * ends the kernel past --memory-mb (sandboxd/inside/supervisor.c). */
     memory_bomb("javascript", "const keep = []; for (;;) keep.push(Buffer.alloc(32 << 20, 1))");
 }
 

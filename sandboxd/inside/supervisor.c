@@ -62,6 +62,7 @@ typedef struct opts {
     unsigned work_mb, tmp_mb, shm_mb, mem_mb, nofile, nproc, as_mb;
     unsigned uid, gid;            /* when started as root: what everything it starts runs as */
     bool mount_tmpfs, drop_caps, seccomp, subreaper, walk_disk, count_tasks;
+    bool watch_memory;            /* gvisor: the kernels' memory is watched from here */
 } opts;
 
 typedef struct snippet {          /* a `node -` run (SUP_EXEC) or a step (SUP_STEP) */
@@ -81,6 +82,7 @@ static snippet snip;
 static int sigfd = -1;
 static int workfd = -1;
 static bool quiescing;            /* this sweep kills the kernels too */
+static bool memory_killed[3];     /* the watch ended this kernel (by language) */
 static unsigned char *down;       /* frames from the daemon */
 static size_t down_len, down_cap;
 
@@ -524,6 +526,46 @@ static void start_snippet(const unsigned char *pl, size_t len, bool step)
     feed_snippet();
 }
 
+/* ---------------------------------------------------------------- memory watch */
+
+/* Under gVisor no host limit reaches Node's Buffers: gVisor ignores RLIMIT_DATA, an
+ * address-space limit keeps V8 from starting, and the sandbox's host cgroup is sized
+ * for --pids ptrace stubs.  So while a kernel lives the supervisor reads its resident
+ * size every MEMORY_WATCH_MS and ends it once past the sandbox's --memory-mb; the cell
+ * is told it ran out of memory.  (bwrap and process: one cgroup holds the sandbox to
+ * that limit, and no watch runs.) */
+#define MEMORY_WATCH_MS 50
+
+static unsigned long resident_kb(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
+    FILE *f = fopen(path, "re");
+    unsigned long size = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &resident) != 2)
+            resident = 0;
+        fclose(f);
+    }
+    return resident * (unsigned long)(sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static bool a_kernel_lives(void)
+{
+    return kernel[SUP_LANG_JS] > 0 || kernel[SUP_LANG_PY] > 0;
+}
+
+static void watch_memory(void)
+{
+    for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
+        if (kernel[l] > 0 && !memory_killed[l] &&
+            resident_kb(kernel[l]) > (unsigned long)O.mem_mb * 1024) {
+            memory_killed[l] = true;
+            kill(-kernel[l], SIGKILL);
+            kill(kernel[l], SIGKILL);
+        }
+}
+
 static void reap(void)
 {
     for (;;) {
@@ -535,7 +577,11 @@ static void reap(void)
             if (kernel[l] == pid) {
                 kernel[l] = 0;
                 kill(-pid, SIGKILL); /* what it started goes with it */
-                report_exit(l, status, NULL);
+                char why[160];
+                snprintf(why, sizeof why, "out of memory: its resident memory passed the "
+                                          "sandbox's limit of %u MiB", O.mem_mb);
+                report_exit(l, status, memory_killed[l] ? why : NULL);
+                memory_killed[l] = false;
             }
         if (snip.pid == pid)
             snippet_done(status);
@@ -1191,6 +1237,7 @@ static void parse_opts(int argc, char **argv)
         else if (!strcmp(k, "gid"))
             O.gid = parse_uint(v);
     }
+    O.watch_memory = !strcmp(O.mode, "gvisor") && O.mem_mb > 0;
     if (!strcmp(O.mode, "bwrap")) {
         O.mount_tmpfs = O.drop_caps = O.seccomp = true;
     } else if (!strcmp(O.mode, "process")) {
@@ -1224,11 +1271,14 @@ int sbx_supervisor_main(int argc, char **argv)
     for (;;) {
         struct pollfd pf[5] = {{0, POLLIN, 0}, {sigfd, POLLIN, 0}, {snip.out_r, POLLIN, 0},
                                {snip.err_r, POLLIN, 0}, {snip.in_w, POLLOUT, 0}};
-        if (poll(pf, 5, -1) < 0) {
+        int wait_ms = O.watch_memory && a_kernel_lives() ? MEMORY_WATCH_MS : -1;
+        if (poll(pf, 5, wait_ms) < 0) {
             if (errno == EINTR)
                 continue;
             die("poll%s: %s", NULL);
         }
+        if (O.watch_memory)
+            watch_memory();
         if (pf[2].revents)
             pump_snippet(0);
         if (pf[3].revents)
