@@ -1,0 +1,378 @@
+/*
+ * bench/store_turns.c — scripted turns per second on a store, and what a restart
+ * costs a conversation's first message (issue 13).
+ *
+ * For each engine (--engines memory,sqlite[,postgresql://…]) and each number of
+ * conversations (--conversations 1000,10000): one host with the shipped hooks
+ * (scripts/code_chat.lua), the scripted model (one reply, "ok"), no daemon, on a fresh
+ * store.  Every conversation gets --turns turns, one after another, all conversations
+ * at once (as bench/turns_per_second.c), each message durable before its turn starts
+ * (the store's sync), every turn's record, history and events written.  Pinned to one
+ * CPU.  Printed: turns/s (wall and CPU), CPU per turn, the store's share (the time
+ * its flushes held the loop, per turn; the longest flush).
+ *
+ * Then the restart: the host is freed, the store closed and opened again (a new
+ * process would do the same), a new host opened on it, and for --probes
+ * conversations: the first message after the restart (berth_conv_open resumes it from
+ * the store: record, history, state; then the turn) against the next one (warm), each
+ * timed from the call to the turn's end.  Targets: sqlite >= 0.7x memory's turns/s;
+ * a resumed message <= 5 ms more than a warm one.  BENCH_JSON=PATH also writes the
+ * figures there (bench/benchjson.h).
+ */
+#include <getopt.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ev.h>
+#include <lua.h>
+
+#include "benchjson.h"
+#include "berth.h"
+#include "plimsoll.h"
+#include "store/store.h"
+
+#define TARGET_RATIO 0.7
+#define TARGET_RESUME_MS 5.0
+
+typedef struct bench {
+  struct ev_loop *loop;
+  berth_host *h;
+  unsigned n, turns;
+  unsigned long long ended, failed;
+  unsigned long long want;       /* turns to wait for */
+  bool stop;
+} bench;
+
+static double now(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double cpu(void)
+{
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
+{
+  bench *b = ud;
+  b->ended++;
+  if (!info->ok)
+    b->failed++;
+  if (b->turns && info->turn < b->turns && !b->stop) {
+    berth_error *e = berth_conv_message(c, "hello");
+    if (e) {
+      berth_error_free(e);
+      b->failed++;
+    }
+  }
+  if (b->ended >= b->want)
+    ev_break(b->loop, EVBREAK_ALL);
+}
+
+static void on_limit(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)revents;
+  ((bench *)w->data)->stop = true;
+  ev_break(loop, EVBREAK_ALL);
+}
+
+static void quiet(void *ud, berth_log_level level, const char *m)
+{
+  (void)ud;
+  if (level == BERTH_LOG_ERROR)
+    fprintf(stderr, "berth: %s\n", m);
+}
+
+static berth_error *host_on(bench *b, berth_store *st, berth_model *model, const char *scripts)
+{
+  char hooks[4096];
+  snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
+  berth_options o;
+  berth_options_init(&o);
+  o.loop = b->loop;
+  o.hooks_file = hooks;
+  o.lib_dir = scripts;
+  o.model = model;
+  o.log = quiet;
+  o.store = st;
+  o.idle_timeout = 3600;
+  berth_callbacks cb = {NULL, NULL, NULL, NULL, NULL, on_turn_end, NULL, NULL, NULL, b};
+  o.callbacks = cb;
+  return berth_host_open(&o, &b->h);
+}
+
+/* Runs the loop until b->want turns ended, or the time limit. */
+static void run(bench *b, double limit)
+{
+  ev_timer t;
+  ev_timer_init(&t, on_limit, limit, 0.);
+  t.data = b;
+  ev_timer_start(b->loop, &t);
+  ev_run(b->loop, 0);
+  ev_timer_stop(b->loop, &t);
+}
+
+typedef struct result {
+  double rate, rate_cpu, cpu_us, store_us, flush_max_ms, resumed_ms, warm_ms;
+  unsigned long long turns, failed;
+  bool ok;
+} result;
+
+static double median(double *v, size_t n)
+{
+  qsort(v, n, sizeof *v, bj_cmp_double);
+  return n ? bj_pct(v, n, 0.5) : 0;
+}
+
+static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, double limit,
+               const char *scripts, berth_model **model, struct ev_loop *loop, result *r)
+{
+  memset(r, 0, sizeof *r);
+  char url[512], path[64] = "";
+  if (!strcmp(engine, "sqlite")) {
+    snprintf(path, sizeof path, "/tmp/berth-bench-store-XXXXXX");
+    if (!mkdtemp(path))
+      return -1;
+    snprintf(url, sizeof url, "sqlite:%s/berth.db", path);
+  } else
+    snprintf(url, sizeof url, "%s", engine);
+  berth_store *st = NULL;
+  berth_error *e = berth_store_open(loop, url, &st);
+  if (e) {
+    fprintf(stderr, "store_turns: %s: %s\n", engine, e->message);
+    berth_error_free(e);
+    return -1;
+  }
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.loop = loop;
+  b.n = n;
+  b.turns = turns;
+  if ((e = host_on(&b, st, *model, scripts))) {
+    fprintf(stderr, "store_turns: %s\n", e->message);
+    return -1;
+  }
+  char (*ids)[64] = calloc(n, sizeof *ids);
+  berth_conv **convs = calloc(n, sizeof *convs);
+  unsigned i;
+  for (i = 0; i < n; i++) {
+    if ((e = berth_conv_open(b.h, NULL, &convs[i]))) {
+      fprintf(stderr, "store_turns: %s\n", e->message);
+      return -1;
+    }
+    snprintf(ids[i], sizeof ids[i], "%s", berth_conv_store_id(convs[i]));
+  }
+  berth_store_stats s0, s1;
+  b.want = (unsigned long long)n * turns;
+  double w0 = now(), c0 = cpu();
+  berth_store_get_stats(st, &s0);
+  for (i = 0; i < n; i++)
+    berth_conv_send(convs[i], "hello");
+  run(&b, limit);
+  double wall = now() - w0, cpu_s = cpu() - c0;
+  berth_store_get_stats(st, &s1);
+  r->turns = b.ended;
+  r->failed = b.failed;
+  r->rate = (double)b.ended / wall;
+  r->rate_cpu = (double)b.ended / cpu_s;
+  r->cpu_us = cpu_s / (double)b.ended * 1e6;
+  r->store_us = (s1.flush_seconds_sum - s0.flush_seconds_sum) / (double)b.ended * 1e6;
+  r->flush_max_ms = s1.flush_seconds_max * 1000;
+  r->ok = !b.stop && !b.failed && b.ended == b.want;
+
+  /* the restart: a new host on the store opened again */
+  for (i = 0; i < n; i++)
+    berth_conv_free(convs[i]);
+  berth_host_free(b.h);
+  b.h = NULL;
+  berth_store_free(st);
+  st = NULL;
+  if ((e = berth_store_open(loop, url, &st))) {
+    fprintf(stderr, "store_turns: %s\n", e->message);
+    return -1;
+  }
+  if ((e = host_on(&b, st, *model, scripts))) {
+    fprintf(stderr, "store_turns: %s\n", e->message);
+    return -1;
+  }
+  if (probes > n)
+    probes = n;
+  /* (memory keeps nothing once closed: it has no restart to measure) */
+  double *resumed = calloc(probes + 1, sizeof *resumed);
+  double *warm = calloc(probes + 1, sizeof *warm);
+  b.turns = 0;                   /* one message at a time now */
+  unsigned done = 0;
+  bool memory = !strcmp(engine, "memory");
+  for (unsigned k = 0; k < probes && !memory; k++) {
+    unsigned at = (unsigned)((unsigned long long)k * n / probes);
+    berth_conv *c;
+    double t0 = now();
+    berth_conv_options co = {0};
+    co.store_id = ids[at];
+    if ((e = berth_conv_open(b.h, &co, &c))) {
+      fprintf(stderr, "store_turns: %s\n", e->message);
+      berth_error_free(e);
+      break;
+    }
+    b.want = b.ended + 1;
+    berth_conv_send(c, "after the restart");
+    run(&b, limit);
+    resumed[k] = (now() - t0) * 1000;
+    t0 = now();
+    b.want = b.ended + 1;
+    berth_conv_send(c, "warm");
+    run(&b, limit);
+    warm[k] = (now() - t0) * 1000;
+    berth_conv_free(c);
+    done++;
+  }
+  r->resumed_ms = median(resumed, done);
+  r->warm_ms = median(warm, done);
+  free(resumed);
+  free(warm);
+  berth_host_free(b.h);
+  berth_store_free(st);
+  free(convs);
+  free(ids);
+  if (*path) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", path);
+    if (system(cmd) != 0)
+      fprintf(stderr, "store_turns: cannot remove %s\n", path);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  char engines_arg[1024] = "memory,sqlite", convs_arg[256] = "1000,10000";
+  unsigned turns = 5, probes = 50;
+  double limit = 120;
+  const char *scripts = getenv("BERTH_SCRIPTS") && *getenv("BERTH_SCRIPTS")
+                        ? getenv("BERTH_SCRIPTS") : "scripts";
+  static const struct option opts[] = {
+    {"engines", required_argument, NULL, 'e'}, {"conversations", required_argument, NULL, 'c'},
+    {"turns", required_argument, NULL, 't'}, {"probes", required_argument, NULL, 'p'},
+    {"time-limit", required_argument, NULL, 'l'}, {"scripts", required_argument, NULL, 's'},
+    {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}
+  };
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1)
+    switch (ch) {
+      case 'e': snprintf(engines_arg, sizeof engines_arg, "%s", optarg); break;
+      case 'c': snprintf(convs_arg, sizeof convs_arg, "%s", optarg); break;
+      case 't': turns = (unsigned)atoi(optarg); break;
+      case 'p': probes = (unsigned)atoi(optarg); break;
+      case 'l': limit = atof(optarg); break;
+      case 's': scripts = optarg; break;
+      default:
+        printf("usage: store_turns [--engines memory,sqlite[,postgresql://...]] "
+               "[--conversations 1000,10000] [--turns N (5)] [--probes N (50)] "
+               "[--time-limit S (120)] [--scripts DIR]\n");
+        return ch == 'h' ? 0 : 2;
+    }
+  if (!turns)
+    return 2;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  bool pinned = sched_setaffinity(0, sizeof set, &set) == 0;
+  plm_global_init();
+  struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+  char script[] = "/tmp/berth-bench-st-XXXXXX.lua";
+  int fd = mkstemps(script, 4);
+  const char text[] =
+    "return { loop = true, turns = { { user = '*', replies = { { say = 'ok' } } } } }\n";
+  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+    return 1;
+  close(fd);
+  char spec[64];
+  snprintf(spec, sizeof spec, "scripted:%s", script);
+  berth_model *model = NULL;
+  berth_error *e = berth_model_open(loop, spec, &model);
+  unlink(script);
+  if (e) {
+    fprintf(stderr, "store_turns: %s\n", e->message);
+    return 1;
+  }
+  printf("store_turns: %u turns per conversation, scripted model, no code, %s\n", turns,
+         pinned ? "pinned to CPU 0" : "not pinned");
+  printf("  %-10s %8s %10s %10s %9s %10s %9s %11s %9s\n", "engine", "convs", "turns/s",
+         "cpu t/s", "us/turn", "store us", "flush max", "resumed ms", "warm ms");
+  json_t *out = bj_new("store_turns");
+  bj_param(out, "turns", json_integer(turns));
+  bj_param(out, "pinned", json_boolean(pinned));
+  bool ok = true, met = true;
+  double memory_rate[16] = {0};
+  char convs_copy[256];
+  snprintf(convs_copy, sizeof convs_copy, "%s", convs_arg);
+  for (char *eng = strtok(engines_arg, ","); eng; eng = strtok(NULL, ",")) {
+    char *save = NULL;
+    snprintf(convs_copy, sizeof convs_copy, "%s", convs_arg);
+    int k = 0;
+    for (char *cs = strtok_r(convs_copy, ",", &save); cs; cs = strtok_r(NULL, ",", &save), k++) {
+      unsigned n = (unsigned)atoi(cs);
+      result r;
+      if (one(eng, n, turns, probes, limit, scripts, &model, loop, &r) != 0) {
+        ok = false;
+        continue;
+      }
+      bool is_memory = !strcmp(eng, "memory");
+      if (is_memory && k < 16)
+        memory_rate[k] = r.rate;
+      const char *name = !strncmp(eng, "postgres", 8) ? "postgresql" : eng;
+      printf("  %-10s %8u %10.0f %10.0f %9.1f %10.1f %9.2f %11s %9s\n", name, n, r.rate,
+             r.rate_cpu, r.cpu_us, r.store_us, r.flush_max_ms, "", "");
+      if (!is_memory) {
+        printf("  %-10s %8s first message after a restart %.2f ms, warm %.2f ms (+%.2f ms; "
+               "median of %u)\n", "", "", r.resumed_ms, r.warm_ms, r.resumed_ms - r.warm_ms,
+               probes);
+        if (k < 16 && memory_rate[k] > 0)
+          printf("  %-10s %8s %.2fx memory's turns/s (target >= %.1fx: %s)\n", "", "",
+                 r.rate / memory_rate[k], TARGET_RATIO,
+                 r.rate / memory_rate[k] >= TARGET_RATIO ? "met" : "NOT met");
+        if (k < 16 && memory_rate[k] > 0 && r.rate / memory_rate[k] < TARGET_RATIO)
+          met = false;
+        if (r.resumed_ms - r.warm_ms > TARGET_RESUME_MS)
+          met = false;
+      }
+      if (!r.ok) {
+        ok = false;
+        printf("  %-10s %8s FAILED: %llu of %llu turns ended, %llu failed\n", "", "", r.turns,
+               (unsigned long long)n * turns, r.failed);
+      }
+      char key[64];
+      snprintf(key, sizeof key, "%s_%u", name, n);
+      json_t *f = bj_obj(out, key);
+      bj_fig(f, "rate_wall", r.rate, "turns/s");
+      bj_fig(f, "rate_cpu", r.rate_cpu, "turns/s");
+      bj_fig(f, "cpu_per_turn", r.cpu_us, "us");
+      bj_fig(f, "store_per_turn", r.store_us, "us");
+      bj_fig(f, "flush_max", r.flush_max_ms, "ms");
+      if (!is_memory) {
+        bj_fig(f, "resumed_message", r.resumed_ms, "ms");
+        bj_fig(f, "warm_message", r.warm_ms, "ms");
+      }
+    }
+  }
+  printf("  targets           sqlite >= %.1fx memory's turns/s, a resumed message <= %.0f ms "
+         "more than a warm one: %s\n", TARGET_RATIO, TARGET_RESUME_MS,
+         !ok ? "FAILED (turns failed)" : met ? "met" : "NOT met");
+  json_object_set_new(out, "met", json_boolean(ok && met));
+  if (bj_write(out))
+    ok = false;
+  berth_model_free(model);
+  ev_loop_destroy(loop);
+  return ok ? 0 : 1;
+}
