@@ -24,15 +24,15 @@ PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include
 # The conversation stores' engines (runtime/store/): SQLite and PostgreSQL's libpq.
 STORE_LIBS = -lsqlite3 -lpq
 
-# Debian 12 packages the project needs to build, test and demo.  Debian's npm is added
-# only where no npm is on the PATH (a Node.js from elsewhere ships its own and conflicts
-# with Debian's npm package).
+# Debian 12 packages the project needs to build, test and demo (the browser test drives
+# Debian's chromium with Debian's python3-selenium and chromium-driver: no npm, nothing
+# fetched from a registry other than Debian's).
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
         libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
         lua-busted lua-check gnuplot-nox \
         python3-numpy python3-scipy python3-pandas python3-matplotlib libsqlite3-dev sqlite3 \
-        libpq-dev postgresql chromium libreadline-dev tmux haproxy
+        libpq-dev postgresql chromium python3-selenium chromium-driver libreadline-dev tmux haproxy
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
@@ -83,15 +83,12 @@ all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/p
 
 deps:
 	@missing=$$(for p in $(DEPS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; done); \
-	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing:" $$missing; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || \
 	    { echo "make deps: apt-get failed for:" $$missing >&2; exit 1; }; \
 	fi
-	@# the browser test's driver (puppeteer-core: it never downloads a browser)
-	@[ -d tests/browser/node_modules ] || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 
 # The include paths of a source file are its top folder's (DIR_<folder>).
 $(BUILD)/obj/%.o: %.c

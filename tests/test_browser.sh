@@ -1,9 +1,9 @@
 #!/bin/sh
 # test_browser.sh — the page of `berth serve` (runtime/web/) in headless Chromium
-# (Debian's chromium, driven by puppeteer-core from tests/browser, which `make deps`
-# installs with npm ci and which never downloads a browser) against a real berth serve
+# (Debian's chromium, driven by Debian's python3-selenium through Debian's chromedriver,
+# all installed by `make deps`; nothing is downloaded) against a real berth serve
 # and sandboxd (provider $BERTH_PROVIDER, default bwrap) with the scripted model.
-# tests/browser/browser.test.js prints the cmocka-style lines tests/run.sh counts;
+# tests/browser/test_page.py prints the cmocka-style lines tests/run.sh counts;
 # screenshots at 1280 and 360 px go to $BUILD/browser/.  Also checks that
 # runtime/web/assets.c was regenerated from the page's files.
 set -u
@@ -19,7 +19,9 @@ echo "[  PASSED  ] $passed test(s)."
 [ -n "$failed_names" ] && echo "[  FAILED  ] 1 test(s), listed below:" && echo "[  FAILED  ]$failed_names"
 
 # No silent skip: without the browser or the driver the suite fails and says why.
-for need in /usr/bin/chromium tests/browser/node_modules/puppeteer-core "$BUILD/berth" "$BUILD/sandboxd"; do
+# Debian's python3 by its path: a python3 earlier on the PATH may lack Debian's selenium.
+for need in /usr/bin/chromium /usr/bin/chromedriver /usr/lib/python3/dist-packages/selenium \
+            "$BUILD/berth" "$BUILD/sandboxd"; do
     if [ ! -e "$need" ]; then
         echo "missing $need (run make deps and make all)"
         echo "[  FAILED  ] 1 test(s), listed below:"
@@ -27,5 +29,5 @@ for need in /usr/bin/chromium tests/browser/node_modules/puppeteer-core "$BUILD/
         exit 1
     fi
 done
-timeout 240 node tests/browser/browser.test.js ${TEST_FILTER:-} || exit 1
+timeout 240 /usr/bin/python3 tests/browser/test_page.py || exit 1
 [ -z "$failed_names" ]
