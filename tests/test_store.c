@@ -383,6 +383,7 @@ static void test_one_flush_per_iteration_and_sync_after_commit(void **state)
 /* {====================================================== leases */
 
 typedef struct lease_seen {
+  struct ev_loop *loop;          /* stopped once answered */
   int calls;
   bool had_error;
   berth_store_lease lease;
@@ -395,13 +396,14 @@ static void on_lease(void *ud, const berth_error *err, const berth_store_lease *
   w->had_error = err != NULL;
   if (l)
     w->lease = *l;
+  ev_break(w->loop, EVBREAK_ONE);
 }
 
 /* Takes (or tries) the lease on handle s and runs the loop until it is answered. */
 static berth_store_lease take(berth_store *s, struct ev_loop *loop, const char *id,
                               const char *host, int64_t ttl_ms)
 {
-  lease_seen w = {0};
+  lease_seen w = {.loop = loop};
   berth_store_lease_take(s, id, host, ttl_ms, on_lease, &w);
   assert_int_equal(w.calls, 0);             /* never from the caller's stack */
   run_until(loop, &w.calls, 1);
@@ -520,6 +522,7 @@ static void on_renewed(void *ud, const berth_error *err)
   sync_seen *w = ud;
   w->calls++;
   w->had_error = err != NULL;
+  ev_break(w->loop, EVBREAK_ONE);
 }
 
 /* Renewing extends every lease of that host (and only that host's). */
@@ -533,7 +536,7 @@ static void test_lease_renew_extends_the_hosts_leases(void **state)
   berth_store_lease a2 = take(f->s, f->loop, "R2", "host-a", 1000);
   berth_store_lease b3 = take(f->s, f->loop, "R3", "host-b", 1000);
   assert_true(a1.taken && a2.taken && b3.taken);
-  sync_seen w = {0};
+  sync_seen w = {.loop = f->loop};
   berth_store_lease_renew(f->s, "host-a", 600000, on_renewed, &w);
   run_until(f->loop, &w.calls, 1);
   assert_int_equal(w.calls, 1);
