@@ -1038,6 +1038,7 @@ berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_i
 }
 
 static berth_error *conv_message(berth_conv *c, const char *message,
+                                 const char *message_id,
                                  void (*stored)(void *ud, berth_conv *c,
                                                 const berth_error *err),
                                  void *ud, bool *sync_stored);
@@ -1045,7 +1046,7 @@ static berth_error *conv_message(berth_conv *c, const char *message,
 berth_error *berth_conv_message(berth_conv *c, const char *message)
 {
   bool sync = false;
-  return conv_message(c, message, NULL, NULL, &sync);
+  return conv_message(c, message, NULL, NULL, NULL, &sync);
 }
 
 berth_error *berth_conv_message_durable(berth_conv *c, const char *message,
@@ -1053,14 +1054,39 @@ berth_error *berth_conv_message_durable(berth_conv *c, const char *message,
                                                        const berth_error *err),
                                         void *ud)
 {
+  return berth_conv_message_keyed(c, message, NULL, stored, ud);
+}
+
+berth_error *berth_conv_message_keyed(berth_conv *c, const char *message,
+                                      const char *message_id,
+                                      void (*stored)(void *ud, berth_conv *c,
+                                                     const berth_error *err),
+                                      void *ud)
+{
   bool sync = false;
-  berth_error *e = conv_message(c, message, stored, ud, &sync);
+  berth_error *e = conv_message(c, message, message_id, stored, ud, &sync);
   if (!e && sync && stored)
     stored(ud, c, NULL);
   return e;
 }
 
+uint64_t berth_conv_last_event(const berth_conv *c) { return c->last_event; }
+
+void berth_conv_forget_sandbox(berth_conv *c)
+{
+  berth_host *h = c->h;
+  if (!h->sandboxes)
+    return;
+  const char *owner = c->user_id ? c->user_id : berth_owner_get(h, c->run_id);
+  plm_key key = {owner, c->run_id};
+  plm_error *e = plm_sandboxes_dispose(h->sandboxes, &key, NULL, NULL);
+  plm_error_free(e);            /* (no such sandbox here: nothing to forget) */
+  free(c->warmed);
+  c->warmed = NULL;
+}
+
 static berth_error *conv_message(berth_conv *c, const char *message,
+                                 const char *message_id,
                                  void (*stored)(void *ud, berth_conv *c,
                                                 const berth_error *err),
                                  void *ud, bool *sync_stored)
@@ -1101,6 +1127,8 @@ static berth_error *conv_message(berth_conv *c, const char *message,
      * left unfinished should the host die, then a sync. */
     m->durable = false;
     json_t *data = json_pack("{s:s}", "text", message);
+    if (message_id)
+      json_object_set_new(data, "messageId", json_string(message_id));
     berth_conv_record_event(c, "user", data);
     json_decref(data);
     store_save(c, false);

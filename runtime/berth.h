@@ -304,6 +304,20 @@ berth_error *berth_conv_message_durable(berth_conv *c, const char *message,
                                         void (*stored)(void *ud, berth_conv *c,
                                                        const berth_error *err),
                                         void *ud);
+/* berth_conv_message_durable with the client's id for the message (NULL: none),
+ * stored in its "user" event as "messageId": a retry of a message already stored is
+ * recognised there (berth serve answers it from the store, never runs it twice). */
+berth_error *berth_conv_message_keyed(berth_conv *c, const char *message,
+                                      const char *message_id,
+                                      void (*stored)(void *ud, berth_conv *c,
+                                                     const berth_error *err),
+                                      void *ud);
+/* The number of the conversation's last event (0: none): with the turn count, what a
+ * host compares with the store's to learn that another host ran turns since. */
+uint64_t berth_conv_last_event(const berth_conv *c);
+/* Disposes of the sandbox this host keeps for the conversation's run (a stale one:
+ * another host ran turns since); the next cell gets a fresh one.  Without waiting. */
+void berth_conv_forget_sandbox(berth_conv *c);
 /* Records an event of the conversation's current turn in its store (kind and data
  * are the face's: "delta", "turn_end", …; data borrowed).  Returns its number (1, 2, …
  * per conversation, kept across restarts): the SSE `id:`. */

@@ -70,6 +70,11 @@
 #define FLUSH_LIMIT 5.0                 /* seconds to let streams flush at shutdown */
 #define CALL_TIMEOUT_MS 30000
 #define ID_LEN 32
+/* Leases (many hosts on one store; docs/many-hosts.md) */
+#define DEFAULT_LEASE_MS 10000
+#define LEASE_WAIT_MAX 30.0             /* a message waits this long for another host */
+#define LEASE_RETRY_FIRST 0.05          /* then 0.1, 0.2, … 1 s between tries */
+#define LEASE_RETRY_MOST 1.0
 
 static const char serve_usage[] =
   "usage: berth serve --listen HOST:PORT --callers FILE [options]\n"
@@ -111,6 +116,9 @@ static const char serve_usage[] =
   "  --idle-timeout SECONDS           idle time before a conversation suspends (30)\n"
   "  --store URL                      where conversations are kept: sqlite:PATH or\n"
   "                                   memory (default sqlite:berth.db in --state-dir)\n"
+  "  --lease-ms MS                    with a postgresql:// store shared by many hosts: a\n"
+  "                                   conversation's lease lasts this long unrenewed\n"
+  "                                   (10000; docs/many-hosts.md)\n"
   "  --state-dir DIR                  the directory of the default store (default: the\n"
   "                                   working directory)\n"
   "  --shutdown-grace SECONDS         on SIGTERM, time running turns get to finish\n"
@@ -159,7 +167,16 @@ struct sconv {
                                     tool call (the timing of tool events) */
   sconv *hnext;
   server *s;
+  /* the lease (a shared store): held while a turn of it runs or waits here */
+  int lease;                     /* LEASE_NONE, LEASE_TAKING, LEASE_HELD */
+  request *pend, *pend_tail;     /* messages waiting for it, in order */
+  struct lease_wait *lw;         /* the take in flight */
+  ev_timer retry;                /* the next take while another host holds it */
+  double wait_until, backoff;
+  int64_t turn_started_ms;       /* the running turn's start (its turn_end says it) */
 };
+
+enum { LEASE_NONE, LEASE_TAKING, LEASE_HELD };
 
 typedef enum route {
   R_NONE, R_HEALTH, R_METRICS, R_CONVS, R_CONV, R_MESSAGES, R_EVENTS
@@ -168,6 +185,9 @@ typedef enum route {
 struct request {
   server *s;
   struct MHD_Connection *conn;
+  request *lnext;                /* in lease_sc's messages waiting for the lease */
+  sconv *lease_sc;
+  struct create_wait *cw;        /* a POST /v1/conversations waiting for its commit */
   route route;
   char id[ID_LEN + 1];
   size_t caller;
@@ -209,6 +229,14 @@ struct server {
   status_count statuses[24];
   size_t n_statuses;
   uint64_t streams_open;
+  /* leases: with a shared store (postgresql), one conversation's turns run on one host
+   * at a time (docs/many-hosts.md); a host alone on its store (sqlite, memory) needs none */
+  bool leases;
+  char host_id[24];              /* this process in the leases: random at each start */
+  int64_t lease_ms;
+  size_t leases_held;
+  ev_timer renew;                /* every lease_ms / 3 */
+  bool renew_failing;
 };
 
 /* {====================================================== small things */
@@ -438,6 +466,16 @@ static void answer_later(request *q, unsigned status, struct MHD_Response *r)
   }
 }
 
+/* A refusal that is safe to retry says when. */
+static struct MHD_Response *retry_later(struct MHD_Response *r, int seconds)
+{
+  char v[16];
+  snprintf(v, sizeof v, "%d", seconds);
+  if (r)
+    MHD_add_response_header(r, "Retry-After", v);
+  return r;
+}
+
 static const char *status_of(const berth_error *e, unsigned *status)
 {
   if (!strcmp(e->code, "capacity"))
@@ -575,8 +613,10 @@ static void on_turn_start(void *ud, berth_conv *c, const char *message)
   (void)ud;
   (void)message;
   sconv *sc = berth_conv_userdata(c);
-  if (sc)
+  if (sc) {
     sc->mark = ev_time();
+    sc->turn_started_ms = berth_store_now_ms();
+  }
   if (sc && sc->head)
     sc->head->started = true;
 }
@@ -657,16 +697,25 @@ static void on_error(void *ud, berth_conv *c, const berth_error *err)
                                    err->message ? err->message : ""));
 }
 
+static void lease_release(sconv *sc);
+
 static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
 {
   (void)ud;
   sconv *sc = berth_conv_userdata(c);
   if (!sc)
     return;
-  conv_event(c, "turn_end", json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn,
-                                      "ok", info->ok, "seconds", info->seconds, "cells",
-                                      (json_int_t)info->cells));
+  json_t *end = json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn, "ok",
+                          info->ok, "seconds", info->seconds, "cells",
+                          (json_int_t)info->cells);
+  if (sc->s->leases && end)     /* where and when it ran: one host at a time, checkably */
+    json_object_update_new(end, json_pack("{s:s, s:I, s:I}", "host", sc->s->host_id,
+                                          "startedMs", (json_int_t)sc->turn_started_ms,
+                                          "endedMs", (json_int_t)berth_store_now_ms()));
+  conv_event(c, "turn_end", end);
   end_followers(sc);
+  if (sc->s->leases && !berth_conv_busy(c))
+    lease_release(sc);          /* queued after the turn's end */
   if (!sc->head)
     return;
   stream *st = sc->head;
@@ -678,9 +727,13 @@ static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
   stream_unref(st);
 }
 
+static void lease_forget(sconv *sc);
+
 static void sconv_free(sconv *sc)
 {
   server *s = sc->s;
+  if (s->leases)
+    lease_forget(sc);
   while (sc->head) {            /* (only at exit: turns end before a completion) */
     stream *st = sc->head;
     sc->head = st->next;
@@ -892,15 +945,45 @@ char *berth_serve_message_body(const char *body, size_t len, json_t **out,
   if (!v)
     return why;
   const json_t *c = json_object_get(v, "content");
-  if (!json_is_string(c) || json_object_size(v) != 1 ||
+  const json_t *mid = json_object_get(v, "messageId");
+  if (!json_is_string(c) || json_object_size(v) != 1 + (mid != NULL) ||
       strlen(json_string_value(c)) != json_string_length(c)) {
     json_decref(v);
     return msg("the body must be {\"content\": \"<the message>\"} (a string without NUL "
-               "bytes)");
+               "bytes), with an optional \"messageId\"");
+  }
+  if (mid && (!json_is_string(mid) || json_string_length(mid) < 1 ||
+              json_string_length(mid) > 128 ||
+              strlen(json_string_value(mid)) != json_string_length(mid))) {
+    json_decref(v);
+    return msg("messageId must be a string of 1 to 128 bytes");
   }
   *out = v;
   *content = json_string_value(c);
   return NULL;
+}
+
+/* A created conversation's answer, waiting for its record's commit. */
+typedef struct create_wait {
+  request *q;                    /* NULL once its client left */
+  char id[ID_LEN + 1];
+} create_wait;
+
+static void on_created(void *ud, const berth_error *err)
+{
+  create_wait *cw = ud;
+  request *q = cw->q;
+  if (q) {
+    q->cw = NULL;
+    if (err)
+      answer_later(q, MHD_HTTP_SERVICE_UNAVAILABLE,
+                   retry_later(error_response("unavailable", "the conversation could not "
+                                                             "be stored: %s", err->message),
+                               1));
+    else
+      answer_later(q, MHD_HTTP_CREATED, json_response(json_pack("{s:s}", "id", cw->id)));
+  }
+  free(cw);
 }
 
 static enum MHD_Result do_create(request *q)
@@ -953,6 +1036,17 @@ static enum MHD_Result do_create(request *q)
   table_add(s, sc);
   if (s->verbose)
     slog(s, "caller %s opened %s", cl->label, berth_conv_run_id(sc->conv));
+  if (s->leases) {
+    /* Another host may get its next message: the record is committed first. */
+    create_wait *cw = calloc(1, sizeof *cw);
+    cw->q = q;
+    memcpy(cw->id, sc->id, sizeof cw->id);
+    q->cw = cw;
+    q->suspended = true;
+    MHD_suspend_connection(q->conn);
+    berth_store_sync(s->store, on_created, cw);
+    return MHD_YES;
+  }
   return queue(q, MHD_HTTP_CREATED, json_response(json_pack("{s:s}", "id", sc->id)));
 }
 
@@ -984,6 +1078,8 @@ static struct MHD_Response *sse_response(stream *st)
   return r;
 }
 
+static void lease_maybe_release(sconv *sc);
+
 /* The message is stored (its turn may start now) or could not be: answer its POST. */
 static void on_stored(void *ud, berth_conv *c, const berth_error *err)
 {
@@ -996,13 +1092,18 @@ static void on_stored(void *ud, berth_conv *c, const berth_error *err)
       sconv *sc = berth_conv_userdata(c);
       sc_unqueue(sc, st);
       stream_unref(st);         /* the queue's */
+      if (sc->s->leases)
+        lease_maybe_release(sc);
     }
     return;
   }
   if (err) {
     if (c && berth_conv_userdata(c)) {
-      sc_unqueue(berth_conv_userdata(c), st);
+      sconv *sc = berth_conv_userdata(c);
+      sc_unqueue(sc, st);
       stream_unref(st);         /* the queue's */
+      if (sc->s->leases)
+        lease_maybe_release(sc);
     }
     slog(q->s, "a message was refused: the store failed (%s)", err->message);
     answer_later(q, MHD_HTTP_SERVICE_UNAVAILABLE,
@@ -1013,7 +1114,332 @@ static void on_stored(void *ud, berth_conv *c, const berth_error *err)
   answer_later(q, MHD_HTTP_OK, sse_response(st));
 }
 
-static enum MHD_Result do_message(request *q, sconv *sc)
+/* {====================================================== leases (many hosts) */
+
+/*
+ * With a shared store, a conversation's turns run on one host at a time: the host that
+ * gets a message takes the conversation's lease (store.h) before it stores the
+ * message, holds it while a turn of it runs or waits here, and gives it back once the
+ * last turn's end is stored.  Taking it, a host learns whether another host ran turns
+ * since its own copy (then it drops that copy and its sandbox and resumes from the
+ * store, as after an idle suspend), or left a turn running and died (then that turn
+ * is marked interrupted first).  A message for a conversation another live host holds
+ * waits, as a message waits behind a running turn on one host, retrying the take;
+ * after LEASE_WAIT_MAX it is answered 503 "busy" with Retry-After, nothing stored.
+ */
+
+typedef struct lease_wait {
+  sconv *sc;                     /* NULL once the conversation is freed */
+} lease_wait;
+
+static void lease_take(sconv *sc);
+
+static void pend_remove(request *q)
+{
+  sconv *sc = q->lease_sc;
+  if (!sc)
+    return;
+  request **pp = &sc->pend;
+  sc->pend_tail = NULL;
+  while (*pp) {
+    if (*pp == q)
+      *pp = q->lnext;
+    else {
+      sc->pend_tail = *pp;
+      pp = &(*pp)->lnext;
+    }
+  }
+  q->lnext = NULL;
+  q->lease_sc = NULL;
+}
+
+static request *pend_pop(sconv *sc)
+{
+  request *q = sc->pend;
+  if (!q)
+    return NULL;
+  sc->pend = q->lnext;
+  if (!sc->pend)
+    sc->pend_tail = NULL;
+  q->lnext = NULL;
+  q->lease_sc = NULL;
+  return q;
+}
+
+/* Every message waiting for the lease gets the same refusal (nothing was stored). */
+static void pend_refuse(sconv *sc, unsigned status, const char *code, const char *why)
+{
+  request *q;
+  while ((q = pend_pop(sc)))
+    answer_later(q, status, retry_later(error_response(code, "%s", why), 1));
+}
+
+static void lease_release(sconv *sc)
+{
+  if (sc->lease != LEASE_HELD)
+    return;
+  sc->lease = LEASE_NONE;
+  sc->s->leases_held--;
+  /* queued after the turn's end: applied after it, in the same order */
+  berth_store_lease_release(sc->s->store, sc->id, sc->s->host_id);
+}
+
+/* Nothing runs or waits here for the conversation: its lease goes back. */
+static void lease_maybe_release(sconv *sc)
+{
+  if (sc->lease == LEASE_HELD && !sc->pend && !berth_conv_busy(sc->conv))
+    lease_release(sc);
+}
+
+/* Another host ran turns since this host's copy, or died in one: the copy and its
+ * sandbox are dropped, the turn left running is marked interrupted, and the
+ * conversation is resumed from the store.  NULL, or why it could not be. */
+static char *reload_conv(sconv *sc, bool interrupted)
+{
+  server *s = sc->s;
+  if (interrupted) {
+    bool marked = false;
+    berth_error *e = berth_store_mark_interrupted_one(s->store, sc->id, &marked);
+    if (e) {
+      char *why = msg("the store cannot be read: %s", e->message);
+      berth_error_free(e);
+      return why;
+    }
+    if (marked)
+      slog(s, "%s: a turn left running by a host that stopped is marked interrupted",
+           berth_conv_run_id(sc->conv));
+  }
+  berth_conv_forget_sandbox(sc->conv);
+  berth_conv_set_userdata(sc->conv, NULL);
+  berth_conv_free(sc->conv);
+  sc->conv = NULL;
+  berth_conv_options co = {NULL, NULL, NULL, sc, sc->id, s->callers[sc->caller].digest};
+  berth_error *e = berth_conv_open(s->h, &co, &sc->conv);
+  if (e) {
+    char *why = msg("the conversation cannot be resumed from the store: %s", e->message);
+    berth_error_free(e);
+    return why;
+  }
+  if (s->verbose)
+    slog(s, "%s resumed from the store: another host ran it since",
+         berth_conv_run_id(sc->conv));
+  return NULL;
+}
+
+static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status);
+static void sconv_gone(sconv *sc);
+
+static void on_lease_retry(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  sconv *sc = w->data;
+  if (sc->pend)
+    lease_take(sc);
+  else
+    sc->lease = LEASE_NONE;     /* every waiting client left */
+}
+
+static void on_lease(void *ud, const berth_error *err, const berth_store_lease *l)
+{
+  lease_wait *lw = ud;
+  sconv *sc = lw->sc;
+  free(lw);
+  if (!sc)
+    return;                     /* gone meanwhile (a lease taken expires by itself) */
+  sc->lw = NULL;
+  server *s = sc->s;
+  if (err) {
+    sc->lease = LEASE_NONE;
+    sc->wait_until = 0;
+    slog(s, "a message was refused: the store failed (%s)", err->message);
+    pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+                "the store cannot be reached, so the message was not taken; retry later");
+    return;
+  }
+  if (!l->found) {
+    sc->lease = LEASE_NONE;
+    pend_refuse(sc, MHD_HTTP_NOT_FOUND, "not_found", "no such conversation");
+    return;
+  }
+  if (!l->taken) {
+    double now = ev_now(s->loop);
+    if (!sc->wait_until) {
+      sc->wait_until = now + LEASE_WAIT_MAX;
+      sc->backoff = 0;
+    }
+    if (now >= sc->wait_until || !sc->pend) {
+      sc->lease = LEASE_NONE;
+      sc->wait_until = 0;
+      pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "busy",
+                  "another host is running a turn of this conversation; nothing was "
+                  "stored: retry later");
+      return;
+    }
+    sc->backoff = sc->backoff ? sc->backoff * 2 : LEASE_RETRY_FIRST;
+    if (sc->backoff > LEASE_RETRY_MOST)
+      sc->backoff = LEASE_RETRY_MOST;
+    ev_timer_init(&sc->retry, on_lease_retry, sc->backoff, 0.);
+    sc->retry.data = sc;
+    ev_timer_start(s->loop, &sc->retry);
+    return;
+  }
+  sc->wait_until = 0;
+  sc->lease = LEASE_HELD;
+  s->leases_held++;
+  if (l->running_turn || l->turns != berth_conv_turns(sc->conv) ||
+      l->last_event > berth_conv_last_event(sc->conv)) {
+    char *why = reload_conv(sc, l->running_turn > 0);
+    if (why) {
+      slog(s, "a message was refused: %s", why);
+      lease_release(sc);
+      pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable", why);
+      free(why);
+      if (!sc->conv)
+        sconv_gone(sc);
+      return;
+    }
+  }
+  request *q;
+  while ((q = pend_pop(sc))) {
+    unsigned status = 0;
+    struct MHD_Response *r = give_message(q, sc, &status);
+    if (r)
+      answer_later(q, status, r);
+  }
+  lease_maybe_release(sc);
+}
+
+static void lease_take(sconv *sc)
+{
+  lease_wait *lw = calloc(1, sizeof *lw);
+  lw->sc = sc;
+  sc->lw = lw;
+  sc->lease = LEASE_TAKING;
+  berth_store_lease_take(sc->s->store, sc->id, sc->s->host_id, sc->s->lease_ms, on_lease,
+                         lw);
+}
+
+/* Before the conversation is freed: nothing waits for its lease any more. */
+static void lease_forget(sconv *sc)
+{
+  if (sc->lw)
+    sc->lw->sc = NULL;
+  sc->lw = NULL;
+  if (ev_is_active(&sc->retry))
+    ev_timer_stop(sc->s->loop, &sc->retry);
+  pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
+              "the conversation was closed on this host; retry");
+  lease_release(sc);
+}
+
+static void sconv_gone(sconv *sc)
+{
+  table_remove(sc->s, sc);
+  sconv_free(sc);
+}
+
+static void on_renewed(void *ud, const berth_error *err)
+{
+  server *s = ud;
+  if (err && !s->renew_failing)
+    slog(s, "leases could not be renewed (%s): past their expiry other hosts may take "
+            "them", err->message);
+  else if (!err && s->renew_failing)
+    slog(s, "leases renewed again");
+  s->renew_failing = err != NULL;
+}
+
+static void on_renew(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  server *s = w->data;
+  if (s->leases_held)
+    berth_store_lease_renew(s->store, s->host_id, s->lease_ms, on_renewed, s);
+}
+
+/* }====================================================== */
+
+/* {====================================================== messages */
+
+/* The client's id for the message: its body's messageId, or an Idempotency-Key. */
+static const char *message_id_of(request *q, const json_t *body)
+{
+  const json_t *mid = json_object_get(body, "messageId");
+  if (json_is_string(mid))
+    return json_string_value(mid);
+  const char *k = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, "Idempotency-Key");
+  return k && *k && strlen(k) <= 128 ? k : NULL;
+}
+
+/* A message whose id is stored already is not run again: its turn's stored events are
+ * the answer (a retry after a cut stream, or after its host died: then its turn ends
+ * "interrupted").  NULL when it is not stored (or was refused: never taken), so it
+ * runs; else the response. */
+static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mid,
+                                           unsigned *status)
+{
+  server *s = q->s;
+  berth_store_event *ev = NULL;
+  size_t n = 0;
+  berth_error *e = berth_store_read_events(s->store, sc->id, 0, 0, &ev, &n);
+  if (e) {
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
+                                            e->message);
+    berth_error_free(e);
+    return retry_later(r, 1);
+  }
+  size_t user = n, end = n;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(ev[i].kind, "user"))
+      continue;
+    json_t *d = json_loads(ev[i].data, 0, NULL);
+    const json_t *m = json_object_get(d, "messageId");
+    bool same = json_is_string(m) && !strcmp(json_string_value(m), mid);
+    json_decref(d);
+    if (!same)
+      continue;
+    size_t j = i + 1;
+    while (j < n && !(ev[j].turn == ev[i].turn && !strcmp(ev[j].kind, "turn_end")))
+      j++;
+    if (j < n && strstr(ev[j].data, "\"refused\":true"))
+      continue;                 /* refused: it was never taken */
+    user = i;
+    end = j;
+  }
+  struct MHD_Response *r = NULL;
+  if (user == n)
+    ;                           /* not stored: it runs */
+  else if (end == n) {
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+    r = retry_later(error_response("busy", "this message is being answered; its events "
+                                           "are at GET /v1/conversations/%s/events", sc->id),
+                    1);
+  } else {
+    stream *st = calloc(1, sizeof *st);
+    st->s = s;
+    st->conn = q->conn;
+    st->refs = 1;               /* the request's */
+    s->streams_open++;
+    for (size_t i = user; i <= end; i++)
+      if (ev[i].turn == ev[user].turn)
+        stream_put(st, ev[i].seq, ev[i].kind, ev[i].data);
+    st->finished = true;
+    q->stream = st;
+    *status = MHD_HTTP_OK;
+    r = sse_response(st);
+    if (r)
+      MHD_add_response_header(r, "X-Berth-Replayed", "1");
+  }
+  berth_store_events_free(ev, n);
+  return r;
+}
+
+/* Gives the message to the conversation (its lease held, or no leases): NULL when its
+ * answer waits for the store (on_stored answers), else the response now (*status). */
+static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status)
 {
   server *s = q->s;
   json_t *body;
@@ -1022,7 +1448,16 @@ static enum MHD_Result do_message(request *q, sconv *sc)
   if (why) {
     struct MHD_Response *r = error_response("invalid_argument", "%s", why);
     free(why);
-    return queue(q, MHD_HTTP_BAD_REQUEST, r);
+    *status = MHD_HTTP_BAD_REQUEST;
+    return r;
+  }
+  const char *mid = message_id_of(q, body);
+  if (mid && s->store) {
+    struct MHD_Response *r = replay_message(q, sc, mid, status);
+    if (r) {
+      json_decref(body);
+      return r;
+    }
   }
   stream *st = calloc(1, sizeof *st);
   st->s = s;
@@ -1037,7 +1472,7 @@ static enum MHD_Result do_message(request *q, sconv *sc)
   /* The turn starts once the message is stored (on_stored); so does the answer. */
   st->waiting = q;
   q->stream = st;
-  berth_error *e = berth_conv_message_durable(sc->conv, content, on_stored, st);
+  berth_error *e = berth_conv_message_keyed(sc->conv, content, mid, on_stored, st);
   json_decref(body);
   if (e) {
     /* refused before anything started: take the stream back out (it is the tail) */
@@ -1046,20 +1481,58 @@ static enum MHD_Result do_message(request *q, sconv *sc)
     sc_unqueue(sc, st);
     st->refs = 1;
     stream_unref(st);
-    unsigned status;
-    const char *code = status_of(e, &status);
+    const char *code = status_of(e, status);
     struct MHD_Response *r = error_response(code, "%s", e->message);
     berth_error_free(e);
-    return queue(q, status, r);
+    return r;
   }
   if (st->stored) {             /* no store: taken at once */
     st->waiting = NULL;
-    return queue(q, MHD_HTTP_OK, sse_response(st));
+    *status = MHD_HTTP_OK;
+    return sse_response(st);
+  }
+  return NULL;
+}
+
+static enum MHD_Result do_message(request *q, sconv *sc)
+{
+  server *s = q->s;
+  json_t *body;
+  const char *content;
+  char *why = berth_serve_message_body(q->body, q->len, &body, &content);
+  if (why) {
+    struct MHD_Response *r = error_response("invalid_argument", "%s", why);
+    free(why);
+    return queue(q, MHD_HTTP_BAD_REQUEST, r);
+  }
+  json_decref(body);
+  if (s->leases && sc->lease != LEASE_HELD) {
+    /* waits for the lease, in order with the messages before it (on_lease) */
+    q->lease_sc = sc;
+    if (sc->pend_tail)
+      sc->pend_tail->lnext = q;
+    else
+      sc->pend = q;
+    sc->pend_tail = q;
+    q->suspended = true;
+    MHD_suspend_connection(q->conn);
+    if (sc->lease == LEASE_NONE)
+      lease_take(sc);
+    return MHD_YES;
+  }
+  unsigned status = 0;
+  struct MHD_Response *r = give_message(q, sc, &status);
+  if (r) {
+    if (s->leases)
+      lease_maybe_release(sc);
+    return queue(q, status, r);
   }
   q->suspended = true;
   MHD_suspend_connection(q->conn);
   return MHD_YES;
 }
+
+/* }====================================================== */
 
 /* The caller's conversation with this id: open here, or resumed from the store as
  * after an idle suspend (history and state loaded; a fresh sandbox at its next
@@ -1511,6 +1984,9 @@ static void on_request_done(void *cls, struct MHD_Connection *conn, void **con_c
   /* A DELETE whose client went away: its completion answers nobody. */
   if (q->deleting)
     q->deleting->deleting = NULL;
+  pend_remove(q);               /* a message that waited for a lease: never given */
+  if (q->cw)
+    q->cw->q = NULL;
   if (q->response)
     MHD_destroy_response(q->response);
   free(q->body);
@@ -1625,11 +2101,13 @@ enum {
 enum { O_MAX_CONNS = 512, O_HEADER_TIMEOUT };
 /* The store (issue 13). */
 enum { O_STORE = 600, O_STATE_DIR };
+enum { O_LEASE_MS = 650 };      /* many hosts (docs/many-hosts.md) */
 #define DEFAULT_HEADER_TIMEOUT 10.0
 
 static const struct option serve_opts[] = {
   {"max-connections", required_argument, NULL, O_MAX_CONNS},
   {"store", required_argument, NULL, O_STORE},
+  {"lease-ms", required_argument, NULL, O_LEASE_MS},
   {"state-dir", required_argument, NULL, O_STATE_DIR},
   {"header-timeout", required_argument, NULL, O_HEADER_TIMEOUT},
   {"listen", required_argument, NULL, O_LISTEN},
@@ -1666,6 +2144,7 @@ typedef struct serve_args {
   bool verbose;
   size_t max_conns;             /* 0: connguard_default_limit */
   const char *store, *state_dir;
+  size_t lease_ms;              /* 0: DEFAULT_LEASE_MS */
   double header_timeout;
 } serve_args;
 
@@ -1713,6 +2192,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
       case O_VERBOSE: a->verbose = true; break;
       case O_MAX_CONNS: count = &a->max_conns; break;
       case O_STORE: a->store = optarg; break;
+      case O_LEASE_MS: count = &a->lease_ms; break;
       case O_STATE_DIR: a->state_dir = optarg; break;
       case O_HEADER_TIMEOUT: secs = &a->header_timeout; break;
       case O_HELP: fputs(serve_usage, stdout); return 0;
@@ -1947,8 +2427,12 @@ int berth_cmd_serve(int argc, char **argv)
       berth_error_free(se);
       goto out;
     }
+    /* A shared store (PostgreSQL) may serve other hosts now: no start-up recovery,
+     * leases instead (a turn a dead host left is marked when its lease is taken over).
+     * A host alone on its store marks every turn its predecessor left. */
+    s->leases = !strcmp(berth_store_engine_name(s->store), "postgresql");
     size_t marked = 0;
-    se = berth_store_mark_interrupted(s->store, &marked);
+    se = s->leases ? NULL : berth_store_mark_interrupted(s->store, &marked);
     if (se) {
       slog(s, "%s", se->message);
       berth_error_free(se);
@@ -1957,6 +2441,22 @@ int berth_cmd_serve(int argc, char **argv)
     if (marked)
       slog(s, "%zu turn%s running when the last host stopped marked interrupted", marked,
            marked == 1 ? "" : "s");
+    if (s->leases) {
+      unsigned char raw[8];
+      if (RAND_bytes(raw, sizeof raw) != 1) {
+        slog(s, "no random bytes for a host id");
+        goto out;
+      }
+      memcpy(s->host_id, "h-", 2);
+      hex(raw, sizeof raw, s->host_id + 2);
+      s->lease_ms = a.lease_ms ? (int64_t)a.lease_ms : DEFAULT_LEASE_MS;
+      ev_timer_init(&s->renew, on_renew, s->lease_ms / 3000., s->lease_ms / 3000.);
+      s->renew.data = s;
+      ev_timer_start(s->loop, &s->renew);
+      ev_unref(s->loop);        /* renewing alone keeps no loop alive */
+      slog(s, "host %s: leases of %lld ms on the shared store", s->host_id,
+           (long long)s->lease_ms);
+    }
   }
 
   berth_options ho;
@@ -2098,6 +2598,10 @@ out:
     }
   free(s->table);
   berth_host_free(s->h);
+  if (ev_is_active(&s->renew)) {
+    ev_ref(s->loop);
+    ev_timer_stop(s->loop, &s->renew);
+  }
   berth_store_free(s->store);   /* after the host: it flushes the last writes */
   berth_model_free(s->model);
   if (own)
