@@ -70,6 +70,29 @@ int st_start(st_server *s, const char *script_lua, const char *const *extra)
   return spawn(s, extra);
 }
 
+int st_start_like(st_server *s, const st_server *like, const char *script_lua,
+                  const char *const *extra)
+{
+  memset(s, 0, sizeof *s);
+  s->pid = -1;
+  s->out_fd = -1;
+  s->pidfd = -1;
+  snprintf(s->dir, sizeof s->dir, "/tmp/berth-serve-XXXXXX");
+  if (!mkdtemp(s->dir))
+    return -1;
+  memcpy(s->token, like->token, sizeof s->token);
+  char tokens[128], script[128], text[256];
+  snprintf(tokens, sizeof tokens, "%s/tokens", s->dir);
+  snprintf(script, sizeof script, "%s/script.lua", s->dir);
+  snprintf(s->log, sizeof s->log, "%s/serve.log", s->dir);
+  snprintf(text, sizeof text, "# callers\n%s\n\n%s\n", s->token[0], s->token[1]);
+  if (write_file(tokens, text) || write_file(script, script_lua)) {
+    fprintf(stderr, "st_start_like: cannot write %s\n", s->dir);
+    return -1;
+  }
+  return spawn(s, extra);
+}
+
 /* Starts berth serve on s->dir's tokens and script (its store in s->dir too, unless
  * the extra arguments name one) and waits for its `listening` line. */
 static int spawn(st_server *s, const char *const *extra)

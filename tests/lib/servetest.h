@@ -30,6 +30,10 @@ typedef struct st_server {
  * arguments (daemon options, limits).  Waits (10 s at most) for its `listening` line.
  * Returns 0, or -1 with a message on stderr.  The child dies with the test process. */
 int st_start(st_server *s, const char *script_lua, const char *const *extra);
+/* As st_start, with the callers (tokens) of server `like`: another host for the same
+ * callers (its own directory, script and log). */
+int st_start_like(st_server *s, const st_server *like, const char *script_lua,
+                  const char *const *extra);
 /* Stops the server with signal `sig` (SIGTERM, SIGKILL), waits for it (20 s at most)
  * and starts it again on the same tokens, script and state directory (so the same
  * default store) with these extra arguments.  Returns the old server's exit status
