@@ -39,6 +39,7 @@
 #include "listen.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <microhttpd.h>
@@ -117,6 +118,8 @@ static const char serve_usage[] =
   "  --store URL                      where conversations are kept: sqlite:PATH,\n"
   "                                   postgresql://... (many hosts) or memory (default\n"
   "                                   sqlite:berth.db in --state-dir)\n"
+  "  --log-format text|json           one record a line: a timestamp, a level and the\n"
+  "                                   message, or that as a JSON object (default text)\n"
   "  --lease-ms MS                    with a postgresql:// store shared by many hosts: a\n"
   "                                   conversation's lease lasts this long unrenewed\n"
   "                                   (10000; docs/many-hosts.md)\n"
@@ -180,7 +183,7 @@ struct sconv {
 enum { LEASE_NONE, LEASE_TAKING, LEASE_HELD };
 
 typedef enum route {
-  R_NONE, R_HEALTH, R_METRICS, R_CONVS, R_CONV, R_MESSAGES, R_EVENTS
+  R_NONE, R_HEALTH, R_READY, R_METRICS, R_CONVS, R_CONV, R_MESSAGES, R_EVENTS
 } route;
 
 struct request {
@@ -200,6 +203,9 @@ struct request {
   stream *stream;
   struct MHD_Response *response; /* ready, for a suspended request */
   unsigned status;
+  char method[8];                /* for the access log */
+  char path[128];
+  double started;
 };
 
 typedef struct status_count {
@@ -224,7 +230,7 @@ struct server {
   size_t n_callers;
   sconv **table;
   size_t table_size, n_sconvs;
-  size_t max_per_caller, max_body;
+  size_t max_per_caller, max_body, max_queued;
   size_t active;                 /* requests MHD holds */
   bool stopping, host_done, verbose;
   status_count statuses[24];
@@ -242,16 +248,61 @@ struct server {
 
 /* {====================================================== small things */
 
+/* One log record is one line: a UTC timestamp, a level and the message (its newlines
+ * folded, so a traceback stays one record), as text or, with --log-format json, as a
+ * JSON object {"ts", "level", "msg"} an aggregator can read.  Records name callers by
+ * label and conversations by their public id: never a token or a session id. */
+static bool log_json;
+
+static void log_record(const char *level, const char *message)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[40];
+  size_t n = strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(when + n, sizeof when - n, ".%03ldZ", ts.tv_nsec / 1000000);
+  if (log_json) {
+    json_t *o = json_pack("{s:s, s:s, s:s}", "ts", when, "level", level, "msg", message);
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    json_decref(o);
+    if (text)
+      fprintf(stderr, "%s\n", text);
+    free(text);
+    return;
+  }
+  fprintf(stderr, "%s %-5s ", when, level);
+  for (const char *p = message; *p; p++)
+    fputc(*p == '\n' ? ' ' : *p, stderr);
+  fputc('\n', stderr);
+}
+
+static void slog_at(const char *level, const char *fmt, va_list ap)
+{
+  char line[2048];
+  vsnprintf(line, sizeof line, fmt, ap);
+  log_record(level, line);
+}
+
 static void slog(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void slog(server *s, const char *fmt, ...)
 {
   (void)s;
-  char line[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  slog_at("info", fmt, ap);
   va_end(ap);
-  fprintf(stderr, "berth serve: %s\n", line);
+}
+
+static void slog_warn(server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void slog_warn(server *s, const char *fmt, ...)
+{
+  (void)s;
+  va_list ap;
+  va_start(ap, fmt);
+  slog_at("warn", fmt, ap);
+  va_end(ap);
 }
 
 static void host_log(void *ud, berth_log_level level, const char *message)
@@ -259,8 +310,8 @@ static void host_log(void *ud, berth_log_level level, const char *message)
   server *s = ud;
   if (level == BERTH_LOG_DEBUG && !s->verbose)
     return;
-  static const char *const names[] = {"debug: ", "", "warning: ", "error: "};
-  fprintf(stderr, "berth: %s%s\n", names[level], message);
+  static const char *const names[] = {"debug", "info", "warn", "error"};
+  log_record(names[level], message);
 }
 
 static void hex(const unsigned char *p, size_t n, char *out)
@@ -444,6 +495,7 @@ static enum MHD_Result queue(request *q, unsigned status, struct MHD_Response *r
   if (!r)
     return MHD_NO;
   q->answered = true;
+  q->status = status;
   if (status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (q->s->stopping)
@@ -691,9 +743,27 @@ static void on_tool_result(void *ud, berth_conv *c, const char *id, const json_t
                                            timing));
 }
 
+/* A hook's failure reaches the caller as an id to quote, never as the hook's own text
+ * (its file, its lines, what it held): that goes to the log under the same id. */
 static void on_error(void *ud, berth_conv *c, const berth_error *err)
 {
-  (void)ud;
+  server *s = ud;
+  if (err->code && !strcmp(err->code, "hook")) {
+    unsigned char raw[4];
+    char id[9];
+    if (RAND_bytes(raw, sizeof raw) != 1)
+      memset(raw, 0, sizeof raw);
+    hex(raw, sizeof raw, id);
+    id[8] = '\0';
+    sconv *sc = berth_conv_userdata(c);
+    slog_warn(s, "hook error %s in conversation %s: %s", id, sc ? sc->id : "-",
+              err->message ? err->message : "");
+    conv_event(c, "error", json_pack("{s:s, s:s, s:s}", "code", "hook", "errorId", id,
+                                     "message", "the conversation's hook failed; quote "
+                                                "this error id to the operator, whose log "
+                                                "has the details"));
+    return;
+  }
   conv_event(c, "error", json_pack("{s:s, s:s}", "code", err->code, "message",
                                    err->message ? err->message : ""));
 }
@@ -773,6 +843,8 @@ static route match(const char *url, char *id)
   static const char base[] = "/v1/conversations";
   if (!strcmp(url, "/healthz"))
     return R_HEALTH;
+  if (!strcmp(url, "/readyz"))
+    return R_READY;
   if (!strcmp(url, "/metrics"))
     return R_METRICS;
   if (strncmp(url, base, sizeof base - 1) != 0)
@@ -800,7 +872,7 @@ static route match(const char *url, char *id)
 static const char *allowed(route r)
 {
   switch (r) {
-    case R_HEALTH: case R_METRICS: case R_EVENTS: return "GET";
+    case R_HEALTH: case R_READY: case R_METRICS: case R_EVENTS: return "GET";
     case R_CONVS: case R_MESSAGES: return "GET, POST";
     case R_CONV: return "GET, DELETE";
     default: return "";
@@ -1775,6 +1847,37 @@ static enum MHD_Result do_delete(request *q, sconv *sc)
   return MHD_YES;
 }
 
+/* The process's own figures, as Prometheus names them (from /proc/self). */
+static void put_process_metrics(FILE *f)
+{
+  long ticks = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+  unsigned long long utime = 0, stime = 0, vsize = 0;
+  long rss = 0;
+  FILE *st = fopen("/proc/self/stat", "re");
+  char line[1024];
+  if (st && fgets(line, sizeof line, st)) {
+    const char *p = strrchr(line, ')');    /* the command name may hold spaces */
+    if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d "
+                           "%*d %*d %*d %*d %*u %llu %ld", &utime, &stime, &vsize,
+                    &rss) != 4)
+      utime = stime = 0;
+  }
+  if (st)
+    fclose(st);
+  size_t fds = 0;
+  DIR *d = opendir("/proc/self/fd");
+  for (struct dirent *e; d && (e = readdir(d));)
+    fds += e->d_name[0] != '.';
+  if (d)
+    closedir(d);
+  fprintf(f, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n"
+             "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n"
+             "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n"
+             "# TYPE process_open_fds gauge\nprocess_open_fds %zu\n",
+          ticks > 0 ? (double)(utime + stime) / (double)ticks : 0.0, (long long)rss * page,
+          vsize, fds);
+}
+
 static enum MHD_Result do_metrics(request *q)
 {
   server *s = q->s;
@@ -1795,6 +1898,11 @@ static enum MHD_Result do_metrics(request *q)
   fprintf(f, "# HELP berth_http_streams Event streams open.\n"
              "# TYPE berth_http_streams gauge\n"
              "berth_http_streams %llu\n", (unsigned long long)s->streams_open);
+  fprintf(f, "# HELP berth_build_info The build serving, as labels.\n"
+             "# TYPE berth_build_info gauge\n"
+             "berth_build_info{version=\"%s\",store=\"%s\"} 1\n", BERTH_VERSION,
+          s->store ? berth_store_engine_name(s->store) : "none");
+  put_process_metrics(f);
   fclose(f);
   return queue(q, MHD_HTTP_OK, text_response("text/plain; version=0.0.4; charset=utf-8", buf));
 }
@@ -1807,6 +1915,17 @@ static enum MHD_Result dispatch(request *q)
       return queue(q, s->stopping ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
                    json_response(json_pack("{s:s}", "status",
                                            s->stopping ? "shutting_down" : "ok")));
+    case R_READY: {
+      /* Ready to take a new message: not draining, and under the host's message bound
+       * (a balancer sends elsewhere meanwhile; /healthz says whether it lives). */
+      const char *why = s->stopping ? "shutting_down" : NULL;
+      berth_stats hs;
+      berth_host_stats(s->h, &hs);
+      if (!why && s->max_queued && hs.messages_queued >= s->max_queued)
+        why = "queue_full";
+      return queue(q, why ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
+                   json_response(json_pack("{s:s}", "status", why ? why : "ready")));
+    }
     case R_METRICS:
       return do_metrics(q);
     case R_CONVS:
@@ -1887,7 +2006,7 @@ static enum MHD_Result check_head(request *q, const char *url, const char *metho
       MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allowed(q->route));
     return queue(q, MHD_HTTP_METHOD_NOT_ALLOWED, r);
   }
-  if (q->route != R_HEALTH) {
+  if (q->route != R_HEALTH && q->route != R_READY) {  /* probes need no token */
     long who = authenticate(s, q->conn);
     if (who < 0)
       return queue(q, MHD_HTTP_UNAUTHORIZED,
@@ -1931,6 +2050,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     q = calloc(1, sizeof *q);
     q->s = s;
     q->conn = conn;
+    q->started = ev_time();
+    snprintf(q->method, sizeof q->method, "%s", method);
+    snprintf(q->path, sizeof q->path, "%s", url);  /* (no query string: MHD parsed it) */
     *con_cls = q;
     s->active++;
     return check_head(q, url, method);
@@ -1975,6 +2097,12 @@ static void on_request_done(void *cls, struct MHD_Connection *conn, void **con_c
   *con_cls = NULL;
   if (!q)
     return;
+  /* The access log: one record per request, after its answer (a stream's at its end). */
+  if (q->route != R_HEALTH && q->route != R_READY)
+    slog(s, "access %s %s %s %u %.1f ms%s", q->caller < s->n_callers && q->dispatched
+                                               ? s->callers[q->caller].label : "-",
+         q->method, q->path, q->status, (ev_time() - q->started) * 1000,
+         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (client gone)");
   if (q->stream) {
     q->stream->conn = NULL;
     q->stream->suspended = false;
@@ -2103,12 +2231,14 @@ enum { O_MAX_CONNS = 512, O_HEADER_TIMEOUT };
 /* The store (issue 13). */
 enum { O_STORE = 600, O_STATE_DIR };
 enum { O_LEASE_MS = 650 };      /* many hosts (docs/many-hosts.md) */
+enum { O_LOG_FORMAT = 700 };
 #define DEFAULT_HEADER_TIMEOUT 10.0
 
 static const struct option serve_opts[] = {
   {"max-connections", required_argument, NULL, O_MAX_CONNS},
   {"store", required_argument, NULL, O_STORE},
   {"lease-ms", required_argument, NULL, O_LEASE_MS},
+  {"log-format", required_argument, NULL, O_LOG_FORMAT},
   {"state-dir", required_argument, NULL, O_STATE_DIR},
   {"header-timeout", required_argument, NULL, O_HEADER_TIMEOUT},
   {"listen", required_argument, NULL, O_LISTEN},
@@ -2148,6 +2278,19 @@ typedef struct serve_args {
   size_t lease_ms;              /* 0: DEFAULT_LEASE_MS */
   double header_timeout;
 } serve_args;
+
+/* Whether HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost). */
+static bool listens_on_loopback(const char *spec)
+{
+  const char *colon = strrchr(spec, ':');
+  size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
+  char host[256];
+  snprintf(host, sizeof host, "%.*s", (int)n, spec);
+  if (!strcmp(host, "localhost") || !strcmp(host, "[::1]") || !strcmp(host, "::1"))
+    return true;
+  struct in_addr a4;
+  return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
+}
 
 static int usage_error(const char *fmt, const char *arg)
 {
@@ -2193,6 +2336,11 @@ static int parse_args(int argc, char **argv, serve_args *a)
       case O_VERBOSE: a->verbose = true; break;
       case O_MAX_CONNS: count = &a->max_conns; break;
       case O_STORE: a->store = optarg; break;
+      case O_LOG_FORMAT:
+        if (strcmp(optarg, "text") && strcmp(optarg, "json"))
+          return usage_error("--log-format takes text or json, not %s", optarg);
+        log_json = !strcmp(optarg, "json");
+        break;
       case O_LEASE_MS: count = &a->lease_ms; break;
       case O_STATE_DIR: a->state_dir = optarg; break;
       case O_HEADER_TIMEOUT: secs = &a->header_timeout; break;
@@ -2479,6 +2627,7 @@ int berth_cmd_serve(int argc, char **argv)
   ho.max_conversations = a.max_convs;
   ho.max_concurrent_turns = a.max_turns;
   ho.max_queued_messages = a.max_queued;
+  s->max_queued = a.max_queued;
   ho.max_sandboxes = (int)a.max_sandboxes;
   if (a.grace_set)
     ho.shutdown_grace = a.grace > 0 ? a.grace : -1;  /* 0: cancel at once */
@@ -2548,6 +2697,10 @@ int berth_cmd_serve(int argc, char **argv)
     const char *colon = strrchr(a.listen, ':');
     printf("listening http://%.*s:%u\n", (int)(colon - a.listen), a.listen, port);
     fflush(stdout);
+    if (!listens_on_loopback(a.listen))
+      slog_warn(s, "listening on %s in cleartext: callers' tokens and conversations cross "
+                   "the network unencrypted; put a TLS reverse proxy in front and listen on "
+                   "127.0.0.1 (docs/many-hosts.md shows one)", a.listen);
     char per[48] = "";
     if (s->max_per_caller)
       snprintf(per, sizeof per, " (%zu per caller)", s->max_per_caller);

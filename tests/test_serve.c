@@ -910,14 +910,13 @@ static void test_sigterm_finishes_turns_and_disposes(void **state)
   /* both sandboxes were closed before it exited */
   assert_int_equal(fault_forwarded(&proxy, "OpenSession"), 2);
   assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 2);
-  /* the log holds neither a token nor an id */
+  /* the log holds no token; the access log names conversations by their public id */
   char *log = st_read_log(s);
   assert_non_null(log);
   assert_non_null(strstr(log, "SIGTERM"));
   assert_null(strstr(log, s->token[0]));
   assert_null(strstr(log, s->token[1]));
-  assert_null(strstr(log, busy));
-  assert_null(strstr(log, idle));
+  assert_non_null(strstr(log, busy));
   free(log);
   /* nothing listens any more */
   assert_int_equal(st_call("GET", url(s, "/healthz"), NULL, NULL, NULL), 0);
@@ -1094,6 +1093,83 @@ static void test_I11_local_sandboxd_killed_is_restarted(void **state)
 
 /* }====================================================== */
 
+/* Issue 14, operators: --log-format json makes every record one JSON object with a
+ * timestamp and a level; each request gets an access record naming the caller by label
+ * and the conversation by its public id (never a token); a hook's failure reaches the
+ * API caller as an error id, its text only in the log under that id; /readyz answers;
+ * a listen address off loopback is warned about. */
+static bool log_checks(st_server *s, const char *id, const char *eid)
+{
+  char *log = st_read_log(s);
+  assert_non_null(log);
+  bool hook_logged = false, access_logged = false, warned = false;
+  char *save = NULL;
+  for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (!o)
+      fail_msg("a log record that is not JSON: %s", line);
+    const char *level = json_string_value(json_object_get(o, "level"));
+    const char *m = json_string_value(json_object_get(o, "msg"));
+    assert_non_null(json_string_value(json_object_get(o, "ts")));
+    assert_non_null(level);
+    assert_non_null(m);
+    if (strstr(m, eid) && strstr(m, "secret detail in boom") && strstr(m, id))
+      hook_logged = true;
+    if (!strncmp(m, "access ", 7) && strstr(m, "POST") && strstr(m, id))
+      access_logged = true;
+    if (!strcmp(level, "warn") && strstr(m, "cleartext"))
+      warned = true;
+    if (strstr(m, s->token[0]))
+      fail_msg("a log record holds a caller's token: %s", m);
+    json_decref(o);
+  }
+  free(log);
+  assert_true(hook_logged);
+  assert_true(warned);
+  return access_logged;
+}
+
+static void test_operators_json_log_access_records_hook_error_ids_readyz(void **state)
+{
+  (void)state;
+  char hooks[128];
+  snprintf(hooks, sizeof hooks, "/tmp/berth-ops-hooks-%d.lua", (int)getpid());
+  FILE *f = fopen(hooks, "w");
+  assert_non_null(f);
+  fputs("return { onTurn = function(ctx, m) error('secret detail in ' .. m) end }\n", f);
+  fclose(f);
+  const char *more[] = {"--log-format", "json", "--hooks", hooks, "--listen", "0.0.0.0:0",
+                        NULL};
+  st_server *s = serve(more);
+  char id[40];
+  create(s, 0, NULL, id);
+  long status;
+  json_t *events = turn(s, 0, id, "boom", &status);
+  assert_int_equal(status, 200);
+  const json_t *err = NULL;
+  for (size_t i = 0; i < json_array_size(events); i++)
+    if (!strcmp(ev_name(events, i), "error"))
+      err = ev_data(events, i);
+  assert_non_null(err);
+  assert_string_equal(json_string_value(json_object_get(err, "code")), "hook");
+  char eid[16];
+  snprintf(eid, sizeof eid, "%s", json_string_value(json_object_get(err, "errorId")));
+  assert_int_equal(strlen(eid), 8);
+  const char *said = json_string_value(json_object_get(err, "message"));
+  assert_null(strstr(said, "secret"));
+  assert_null(strstr(said, ".lua"));
+  json_decref(events);
+  /* The POST's access record follows its answer: each /readyz is a loop turn later. */
+  bool access_logged = false;
+  for (int i = 0; i < 50 && !access_logged; i++) {
+    assert_int_equal(st_call("GET", url(s, "/readyz"), NULL, NULL, NULL), 200);
+    access_logged = log_checks(s, id, eid);
+  }
+  assert_true(access_logged);
+  unlink(hooks);
+  stop(s, 0);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -1115,6 +1191,7 @@ int main(void)
     cmocka_unit_test(test_sigterm_cancels_after_the_grace),
     cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
     cmocka_unit_test(test_I11_local_sandboxd_killed_is_restarted),
+    cmocka_unit_test(test_operators_json_log_access_records_hook_error_ids_readyz),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
