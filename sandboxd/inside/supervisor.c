@@ -221,9 +221,13 @@ static void harden(void)
 
 /* ---------------------------------------------------------------- processes */
 
+/* A sandbox has one CPU: numerical libraries run one thread.  (Debian's OpenBLAS
+ * otherwise starts a thread per host core, each with its buffers, and a Python kernel
+ * that imports SciPy then meets its address-space limit.) */
 static const char *const child_env[] = {
     "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "LC_ALL=C.UTF-8", "TMPDIR=/tmp",
-    "PYTHONIOENCODING=utf-8", NULL, NULL, NULL,
+    "PYTHONIOENCODING=utf-8", "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1",
+    "MPLBACKEND=Agg", NULL, NULL, NULL,
 };
 
 /* Moves `fd` to at least 10 (close-on-exec), so dup2 onto 0..2 never meets itself. */
@@ -243,8 +247,8 @@ static pid_t spawn(char *const argv[], int fd0, int fd1, int fd2, rlim_t as_limi
     snprintf(home, sizeof home, "HOME=%s", O.work);
     const char *env[sizeof child_env / sizeof child_env[0]];
     memcpy(env, child_env, sizeof env);
-    env[5] = home;
-    env[6] = extra;
+    env[8] = home;
+    env[9] = extra;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)

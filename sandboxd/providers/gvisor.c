@@ -194,7 +194,7 @@ static void gvisor_box_config(sbx_backend *bk, sbx_box_config *bc)
     bc->run_as_gid = bc->run_as_uid;
     bc->supervisor_path = "/.berth/supervisor";
     bc->nproc = bk->base.cfg->pids;       /* enforced by gVisor's kernel, per sandbox */
-    bc->as_mb = bk->base.cfg->memory_mb;  /* the Python kernel's address space */
+    bc->as_mb = bk->base.cfg->memory_mb + SBX_ADDRESS_SPACE_HEADROOM_MB; /* Python's */
 }
 
 static json_t *mount_json(const char *dest, const char *type, const char *source,

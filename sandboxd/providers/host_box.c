@@ -47,7 +47,7 @@ void sbx_host_box_box_config(sbx_backend *bk, sbx_box_config *bc)
     }
     if (!base->cgroups) { /* no group: the kernel's per-process limits instead */
         bc->nproc = base->cfg->pids;
-        bc->as_mb = base->cfg->memory_mb;
+        bc->as_mb = base->cfg->memory_mb + SBX_ADDRESS_SPACE_HEADROOM_MB;
     }
 }
 

@@ -7,6 +7,13 @@
 #ifndef SBX_REALPROV_H
 #define SBX_REALPROV_H
 
+/* A Python kernel's address-space limit is --memory-mb plus this: address space is not
+ * memory (Debian's OpenBLAS reserves hundreds of MiB it never touches, and with less
+ * it spins instead of failing), and what a kernel really holds is bounded elsewhere —
+ * the sandbox's cgroup, the supervisor's watch under gVisor, RLIMIT_DATA without
+ * cgroups. */
+#define SBX_ADDRESS_SPACE_HEADROOM_MB 512u
+
 #include "box.h"
 #include "config.h"
 #include "provider.h"
