@@ -621,7 +621,7 @@ static void after_hook(void *ud, berth_task *t, bool ok, const char *error)
   c->task = NULL;
   c->phase = PH_NONE;
   if (!ok) {
-    berth_report_error(h, c, t->what, error);
+    berth_report_error(h, c, t->what, error, t->model_failed);
     c->turn_failed = true;
   }
   switch (ph) {

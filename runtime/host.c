@@ -129,10 +129,15 @@ void berth_emit(berth_host *h, berth_conv *c, const char *kind, const json_t *da
     emit_typed(h, c, kind, data);
 }
 
-void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const char *error)
+void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const char *error,
+                        bool model_failed)
 {
-  h->errors++;
-  berth_count_error(h, "hook", "hook");
+  /* After a failed model call the hook's error is the model's doing: counted there
+   * already (natives.c), not as the hook's. */
+  if (!model_failed) {
+    h->errors++;
+    berth_count_error(h, "hook", "hook");
+  }
   berth_log(h, BERTH_LOG_ERROR, "%s%s%s failed: %s", hook, c ? " of conversation " : "",
             c ? berth_conv_run_id(c) : "", error);
   /* The conversation sees the first line; the traceback is in the log. */

@@ -415,11 +415,19 @@ static int chat_k(lua_State *L, int status, lua_KContext ctx)
   }
   if (!c->op.done)
     return berth_op_wait(L, &c->op, ctx, chat_k);
+  berth_host *h = berth_host_of(L);
+  h->st.model_calls++;
   if (c->reply) {
     berth_json_push(L, c->reply);
     chat_release(&c->op);       /* converted: free the C copy now (see exec_k) */
     return 1;
   }
+  /* A model outage is the model's error, not the hook's: counted so, and a hook call
+   * that fails after it is reported as the model's (berth_report_error). */
+  berth_count_error(h, "model", c->code ? c->code : "unknown");
+  berth_task *t = berth_current_task(h);
+  if (t)
+    t->model_failed = true;
   return plmlua_push_fail(L, c->message ? c->message : "the model call failed", c->code);
 }
 

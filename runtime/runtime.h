@@ -65,6 +65,7 @@ extern const char berth_host_yield_tag;
 typedef void (*berth_task_done_fn)(void *ud, berth_task *t, bool ok, const char *error);
 
 struct berth_task {
+  bool model_failed;             /* a model.chat of this call failed: its error is the model's */
   berth_host *h;
   berth_conv *conv;              /* NULL outside a conversation */
   char *what;                    /* "onTurn", a file name: for messages */
@@ -150,6 +151,7 @@ typedef struct berth_errclass {
 typedef struct berth_counters {
   uint64_t opened, completed;
   uint64_t turns_started, turns_ended, turns_failed, turns_cancelled;
+  uint64_t model_calls;          /* model.chat calls answered (a reply or a failure) */
   uint64_t cells, cell_errors, capacity_refusals;
   berth_hist turn_seconds, cell_seconds;
   berth_errclass *classes;
@@ -210,7 +212,8 @@ void berth_log(berth_host *h, berth_log_level level, const char *fmt, ...)
   __attribute__((format(printf, 3, 4)));
 void berth_emit(berth_host *h, berth_conv *c, const char *kind, const json_t *data);
 /* A hook failed: logged with its traceback, counted, sent as an "error" event. */
-void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const char *error);
+void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const char *error,
+                        bool model_failed);
 
 /* natives.c */
 void berth_open_natives(lua_State *L);

@@ -169,6 +169,8 @@ char *berth_host_metrics(const berth_host *h)
   one(f, "berth_conversations_completed_total", "counter",
       "Conversations completed (onComplete ran).", s.conversations_completed);
   one(f, "berth_turns_started_total", "counter", "Turns started.", s.turns_started);
+  one(f, "berth_model_calls_total", "counter", "Model calls answered (replies and failures).",
+      h->st.model_calls);
   head(f, "berth_turns_total", "counter", "Turns ended, by outcome.");
   uint64_t failed = s.turns_failed - s.turns_cancelled;
   fprintf(f, "berth_turns_total{outcome=\"ok\"} %llu\n",
@@ -185,7 +187,7 @@ char *berth_host_metrics(const berth_host *h)
           (unsigned long long)(s.cells - s.cell_errors));
   fprintf(f, "berth_cells_total{outcome=\"error\"} %llu\n", (unsigned long long)s.cell_errors);
   head(f, "berth_errors_total", "counter",
-       "Errors by source (cell, hook, host) and class (the error code).");
+       "Errors by source (cell, hook, host, model) and class (the error code).");
   for (const berth_errclass *e = h->st.classes; e; e = e->next) {
     fputs("berth_errors_total{source=\"", f);
     label(f, e->source);

@@ -504,6 +504,11 @@ static void test_openai_401_names_the_key_problem_without_the_key(void **state)
   assert_contains(msg, "the model provider refused the API key (HTTP 401); check BERTH_API_KEY");
   assert_contains(msg, "Incorrect API key provided: [redacted]");
   assert_int_equal(fake_count("auth1"), 1);
+  /* a model outage is counted as the model's error, and the call as a model call */
+  char *metrics = berth_host_metrics(t->host);
+  assert_contains(metrics, "berth_errors_total{source=\"model\",class=\"unauthenticated\"} 1\n");
+  assert_contains(metrics, "berth_model_calls_total 1\n");
+  free(metrics);
   stop(t);
 
   t = start("forbidden", "auth2", NULL);
