@@ -4,6 +4,7 @@
 #include "cgroup.h"
 
 #include "log.h"
+#include "proc.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -28,32 +29,6 @@ const char *sbx_cgroup_daemon_tag(void)
     return daemon_tag;
 }
 
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks), as text; "" when gone. */
-static void start_time(pid_t pid, char *out, size_t n)
-{
-    out[0] = '\0';
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t len = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (len <= 0)
-        return;
-    buf[len] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return;
-    /* After ")": field 3 (state) is the first; the start time is field 22. */
-    int field = 2;
-    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
-        if (++field == 22) {
-            snprintf(out, n, "%s", tok);
-            return;
-        }
-    }
-}
 
 static int write_file(const char *dir, const char *file, const char *value)
 {
@@ -159,7 +134,7 @@ static void reap_stale_in(const char *hier, void *ud)
         char start[32], now[32];
         if (e->d_name[0] != 'd' || sscanf(e->d_name, "d%d-%31s", &pid, start) != 2)
             continue;
-        start_time(pid, now, sizeof now);
+        sbx_process_start_time(pid, now, sizeof now);
         if (*now && strcmp(now, start) == 0)
             continue; /* that daemon still runs */
         char dir[700];
@@ -196,7 +171,7 @@ bool sbx_cgroup_init(char **why)
         }
     }
     char start[32];
-    start_time(getpid(), start, sizeof start);
+    sbx_process_start_time(getpid(), start, sizeof start);
     snprintf(daemon_tag, sizeof daemon_tag, "d%d-%s", (int)getpid(), start);
     each_hierarchy(reap_stale_in, NULL);
     for (int c = 0; c < SBX_CG_N; c++) {

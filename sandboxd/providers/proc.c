@@ -335,3 +335,29 @@ int sbx_cmd_run_sync(const char *const *argv, double timeout_s, char *err, size_
     double left = deadline - mono_s();
     return sbx_wait_bounded(pid, left > 0.1 ? left : 0.1);
 }
+
+void sbx_process_start_time(pid_t pid, char *out, size_t n)
+{
+    out[0] = '\0';
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0)
+        return;
+    buf[len] = '\0';
+    char *p = strrchr(buf, ')');   /* the command name may hold anything */
+    if (!p)
+        return;
+    /* After ")": field 3 (state) is the first; the start time is field 22. */
+    int field = 2;
+    for (char *save = NULL, *tok = strtok_r(p + 1, " ", &save); tok;
+         tok = strtok_r(NULL, " ", &save))
+        if (++field == 22) {
+            snprintf(out, n, "%s", tok);
+            return;
+        }
+}

@@ -55,4 +55,8 @@ int sbx_cmd_run_sync(const char *const *argv, double timeout_s, char *err, size_
  * (only while the loop does not run: it would reap the child first). */
 int sbx_wait_bounded(pid_t pid, double timeout_s);
 
+/* Field 22 of /proc/<pid>/stat (its start time in clock ticks) as text in out, "" when
+ * the process is gone: with the pid, what names one process across pid reuse. */
+void sbx_process_start_time(pid_t pid, char *out, size_t n);
+
 #endif

@@ -4,6 +4,7 @@
 #include "state_dir.h"
 
 #include "log.h"
+#include "proc.h"
 #include "uids.h"
 #include "util.h"
 
@@ -137,29 +138,6 @@ int sbx_remove_tree(const char *path)
     return rc;
 }
 
-/* Field 22 of /proc/<pid>/stat, "" when the process is gone. */
-static void start_time(pid_t pid, char *out, size_t n)
-{
-    out[0] = '\0';
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    ssize_t len = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (len <= 0)
-        return;
-    buf[len] = '\0';
-    char *p = strrchr(buf, ')');
-    int field = 2;
-    for (char *save = NULL, *tok = p ? strtok_r(p + 1, " ", &save) : NULL; tok;
-         tok = strtok_r(NULL, " ", &save))
-        if (++field == 22) {
-            snprintf(out, n, "%s", tok);
-            return;
-        }
-}
 
 static int write_text(const char *path, const char *text, mode_t mode)
 {
@@ -212,7 +190,7 @@ static void reap_stale(const char *base, const char *provider,
         char start[32], now[32];
         if (e->d_name[0] != 'd' || sscanf(e->d_name, "d%d-%31[0-9]", &pid, start) != 2)
             continue;
-        start_time(pid, now, sizeof now);
+        sbx_process_start_time(pid, now, sizeof now);
         if (*now && strcmp(now, start) == 0)
             continue;
         char *path = sbx_printf("%s/%s", base, e->d_name);
@@ -301,7 +279,7 @@ int sbx_state_init(sbx_state *st, const sbx_config *cfg, const char *provider,
     chmod(base, 0711); /* the sandbox uid reaches the supervisor and etc below */
     reap_stale(base, provider, reap, reap_ud);
     char start[32];
-    start_time(getpid(), start, sizeof start);
+    sbx_process_start_time(getpid(), start, sizeof start);
     st->dir = sbx_printf("%s/d%d-%s-%s", base, (int)getpid(), start, provider);
     free(base);
     sbx_remove_tree(st->dir);
