@@ -84,6 +84,9 @@ static int run(pgtest *t, char *const argv[])
       _exit(126);
     if (chdir(t->dir) < 0)
       _exit(126);
+    /* argv[0] the full path: initdb finds postgres beside itself through it (a bare
+     * name sends it searching PATH, which need not hold the server's directory). */
+    ((char **)argv)[0] = prog;
     execv(prog, argv);
     _exit(127);
   }
