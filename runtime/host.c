@@ -132,12 +132,12 @@ void berth_emit(berth_host *h, berth_conv *c, const char *kind, const json_t *da
 void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const char *error,
                         bool model_failed)
 {
-  /* After a failed model call the hook's error is the model's doing: counted there
-   * already (natives.c), not as the hook's. */
-  if (!model_failed) {
-    h->errors++;
+  /* The call failed (h->errors: what the faces' exit status and berth_stats count).  In
+   * the metrics' errors by source, one after a failed model call is the model's doing:
+   * counted there already (natives.c), not as the hook's. */
+  h->errors++;
+  if (!model_failed)
     berth_count_error(h, "hook", "hook");
-  }
   berth_log(h, BERTH_LOG_ERROR, "%s%s%s failed: %s", hook, c ? " of conversation " : "",
             c ? berth_conv_run_id(c) : "", error);
   /* The conversation sees the first line; the traceback is in the log. */
