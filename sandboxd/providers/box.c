@@ -1123,34 +1123,33 @@ bool sbx_box_cell_sent(const sbx_box *b, int lang)
     return b->lane[lang].op.active && b->lane[lang].op.sent;
 }
 
-void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t err_cap,
-                  sbx_cell_cb cb, void *ud)
+/* A run on the exec lane (a snippet, SUP_EXEC, or a project step, SUP_STEP): its output
+ * caps, then its text; both end with SUP_EXEC_DONE. */
+static void start_exec_lane(sbx_box *b, int type, const sbx_bytes *text, uint32_t out_cap,
+                            uint32_t err_cap, sbx_cell_cb cb, void *ud)
 {
     if (!start_op(b, &b->snippet, cb, ud, out_cap, err_cap))
         return;
     unsigned char caps[8];
     sup_put32(caps, out_cap);
     sup_put32(caps + 4, err_cap);
-    const void *parts[2] = {caps, code->data};
-    size_t lens[2] = {8, code->len};
+    const void *parts[2] = {caps, text->data};
+    size_t lens[2] = {8, text->len};
     b->snippet.sent = true;
     b->snippet.done_type = SUP_EXEC_DONE;
-    send_parts(b, SUP_EXEC, SUP_LANG_EXEC, parts, lens, 2);
+    send_parts(b, type, SUP_LANG_EXEC, parts, lens, 2);
+}
+
+void sbx_box_exec(sbx_box *b, const sbx_bytes *code, uint32_t out_cap, uint32_t err_cap,
+                  sbx_cell_cb cb, void *ud)
+{
+    start_exec_lane(b, SUP_EXEC, code, out_cap, err_cap, cb, ud);
 }
 
 void sbx_box_step(sbx_box *b, const sbx_bytes *command, uint32_t out_cap, uint32_t err_cap,
                   sbx_cell_cb cb, void *ud)
 {
-    if (!start_op(b, &b->snippet, cb, ud, out_cap, err_cap))
-        return;
-    unsigned char caps[8];
-    sup_put32(caps, out_cap);
-    sup_put32(caps + 4, err_cap);
-    const void *parts[2] = {caps, command->data};
-    size_t lens[2] = {8, command->len};
-    b->snippet.sent = true;
-    b->snippet.done_type = SUP_EXEC_DONE;
-    send_parts(b, SUP_STEP, SUP_LANG_EXEC, parts, lens, 2);
+    start_exec_lane(b, SUP_STEP, command, out_cap, err_cap, cb, ud);
 }
 
 void sbx_box_read(sbx_box *b, const sbx_bytes *path, uint32_t max, sbx_cell_cb cb, void *ud)
