@@ -1446,6 +1446,20 @@ static const char *message_id_of(request *q, const json_t *body)
   return k && *k && strlen(k) <= 128 ? k : NULL;
 }
 
+/* A read of the store failed: 503, the store's reason (e freed). */
+static struct MHD_Response *store_unreadable_response(berth_error *e)
+{
+  struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
+                                          e->message);
+  berth_error_free(e);
+  return r;
+}
+
+static enum MHD_Result store_unreadable(request *q, berth_error *e)
+{
+  return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, store_unreadable_response(e));
+}
+
 /* A message whose id is stored already is not run again: its turn's stored events are
  * the answer (a retry after a cut stream, or after its host died: then its turn ends
  * "interrupted").  NULL when it is not stored (or was refused: never taken), so it
@@ -1459,10 +1473,7 @@ static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mi
   berth_error *e = berth_store_read_events(s->store, sc->id, 0, 0, &ev, &n);
   if (e) {
     *status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
-                                            e->message);
-    berth_error_free(e);
-    return retry_later(r, 1);
+    return retry_later(store_unreadable_response(e), 1);
   }
   size_t user = n, end = n;
   for (size_t i = 0; i < n; i++) {
@@ -1737,10 +1748,7 @@ static enum MHD_Result do_list(request *q)
   berth_error *e = berth_store_list_convs(s->store, s->callers[q->caller].digest, cursor,
                                           (size_t)limit, &v, &n);
   if (e) {
-    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
-                                            e->message);
-    berth_error_free(e);
-    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+    return store_unreadable(q, e);
   }
   json_t *list = json_array();
   for (size_t i = 0; i < n; i++)
@@ -1769,10 +1777,7 @@ static enum MHD_Result do_history(request *q)
   size_t n = 0;
   berth_error *e = berth_store_load_messages(s->store, q->id, &texts, &n);
   if (e) {
-    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
-                                            e->message);
-    berth_error_free(e);
-    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+    return store_unreadable(q, e);
   }
   json_t *list = json_array();
   for (size_t i = 0; i < n; i++) {
@@ -1809,10 +1814,7 @@ static enum MHD_Result do_events(request *q)
   berth_store_event *ev = NULL;
   berth_error *e = berth_store_read_events(s->store, q->id, after, 0, &ev, &n);
   if (e) {
-    struct MHD_Response *r = error_response("unavailable", "the store cannot be read: %s",
-                                            e->message);
-    berth_error_free(e);
-    return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, r);
+    return store_unreadable(q, e);
   }
   stream *st = calloc(1, sizeof *st);
   st->s = s;
