@@ -399,101 +399,6 @@ static void replay_limit(struct ev_loop *loop, ev_timer *w, int revents)
   ev_break(loop, EVBREAK_ALL);
 }
 
-typedef struct describe_wait {
-  bool done;
-  char *sandbox;
-  char *error;
-} describe_wait;
-
-static void on_describe(void *ud, plm_error *err, plm_info *info)
-{
-  describe_wait *d = ud;
-  d->done = true;
-  if (err) {
-    d->error = strdup(err->message);
-    plm_error_free(err);
-  } else {
-    d->sandbox = info->sandbox ? strdup(info->sandbox) : NULL;
-    plm_info_free(info);
-  }
-}
-
-/* The provider a daemon names in Describe (also a first check that it answers). */
-static char *describe_provider(berth_host *h, struct ev_loop *loop)
-{
-  describe_wait d = {false, NULL, NULL};
-  plm_error *e = plm_describe(h->client, NULL, on_describe, &d);
-  if (e) {
-    fprintf(stderr, "berth: Describe: %s\n", e->message);
-    plm_error_free(e);
-    return NULL;
-  }
-  while (!d.done)
-    ev_run(loop, EVRUN_ONCE);
-  if (d.error) {
-    fprintf(stderr, "berth: the daemon did not answer Describe: %s\n", d.error);
-    free(d.error);
-  }
-  return d.sandbox;
-}
-
-/* What a daemon's Describe says of where code runs (malloc'd strings). */
-typedef struct daemon_facts {
-  char *sandbox, *isolation;
-} daemon_facts;
-
-typedef struct facts_wait {
-  bool done;
-  char *error;
-  daemon_facts *facts;
-} facts_wait;
-
-static void on_facts(void *ud, plm_error *err, plm_info *info)
-{
-  facts_wait *d = ud;
-  d->done = true;
-  if (err) {
-    d->error = strdup(err->message);
-    plm_error_free(err);
-    return;
-  }
-  daemon_facts *f = d->facts;
-  f->sandbox = info->sandbox ? strdup(info->sandbox) : NULL;
-  f->isolation = info->isolation ? strdup(info->isolation) : NULL;
-  plm_info_free(info);
-}
-
-/* Asks the daemon (a first check that it answers, with this token) which provider
- * runs the code and at which tier.  Returns 0, or -1 with a message on stderr. */
-static int describe_daemon(struct ev_loop *loop, const char *url, const char *token,
-                           daemon_facts *f)
-{
-  plm_client_options co;
-  plm_client_options_init(&co);
-  co.base_url = url;
-  co.token = token;
-  plm_client *client = NULL;
-  plm_error *e = plm_client_new(loop, &co, &client);
-  facts_wait d = {false, NULL, f};
-  if (!e)
-    e = plm_describe(client, NULL, on_facts, &d);
-  if (e) {
-    fprintf(stderr, "berth: the daemon at %s: %s\n", url, e->message);
-    plm_error_free(e);
-    plm_client_free(client);
-    return -1;
-  }
-  while (!d.done)
-    ev_run(loop, EVRUN_ONCE);
-  plm_client_free(client);
-  if (d.error) {
-    fprintf(stderr, "berth: the daemon at %s did not answer Describe: %s\n", url, d.error);
-    free(d.error);
-    return -1;
-  }
-  return 0;
-}
-
 static int cmd_replay(int argc, char **argv)
 {
   opts o;
@@ -568,12 +473,11 @@ static int cmd_replay(int argc, char **argv)
     goto out;
   }
   if (!c.provider) {
-    char *p = describe_provider(r.h, loop);
-    if (!p)
+    berth_daemon_facts df;
+    if (berth_daemon_describe(loop, c.url, c.token, &df) != 0)
       goto out;
-    berth_scripted_set_provider(r.model, p);
-    c.provider = NULL;
-    free(p);
+    berth_scripted_set_provider(r.model, df.sandbox);
+    berth_daemon_facts_clear(&df);
   }
   {
     const json_t *title = json_object_get(script, "title");
@@ -1178,7 +1082,7 @@ static char *history_path(void)
 }
 
 static void chat_banner(const chat *c, const char *model, const conn *cn,
-                        const daemon_facts *df)
+                        const berth_daemon_facts *df)
 {
   if (c->tty)
     printf("berth chat — model %s, code runs in %s (%s isolation)%s; /help for commands\n",
@@ -1239,13 +1143,13 @@ static int cmd_chat(int argc, char **argv)
   char *err = NULL;
   berth_model *model = NULL;
   berth_store *store = NULL;
-  daemon_facts df = {NULL, NULL};
+  berth_daemon_facts df = {NULL, NULL};
   conn cn;
   if (connect_daemon(&o, &cn, true, true, "auto") != 0) {
     free(scripts);
     return 1;
   }
-  if (describe_daemon(loop, cn.url, cn.token, &df) != 0)
+  if (berth_daemon_describe(loop, cn.url, cn.token, &df) != 0)
     goto out;
   c.tr.no_code_runs = df.sandbox && !strcmp(df.sandbox, "echo");
   if (o.model) {
@@ -1337,8 +1241,7 @@ out:
   berth_store_free(store);      /* after the host: its last writes */
   berth_model_free(model);
   disconnect_daemon(&cn);
-  free(df.sandbox);
-  free(df.isolation);
+  berth_daemon_facts_clear(&df);
   free(c.history);
   free(scripts);
   the_chat = NULL;

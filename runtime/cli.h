@@ -71,6 +71,17 @@ void berth_daemon_stop(berth_daemon *d);
  * (1 s, doubling to 30 s).  The watch does not keep the loop running. */
 void berth_daemon_watch(berth_daemon *d, struct ev_loop *loop);
 
+/* What a daemon's Describe says of where code runs (malloc'd strings; NULL when it
+ * does not say).  The provider's name: "echo" runs no code, and the faces say so. */
+typedef struct berth_daemon_facts {
+  char *sandbox, *isolation;
+} berth_daemon_facts;
+/* Asks the daemon at url (a first check that it answers, with this token), running
+ * `loop` until it does.  Returns 0, or -1 with a message on stderr. */
+int berth_daemon_describe(struct ev_loop *loop, const char *url, const char *token,
+                          berth_daemon_facts *f);
+void berth_daemon_facts_clear(berth_daemon_facts *f);
+
 /* }====================================================== */
 
 /* {====================================================== transcript */

@@ -13,6 +13,7 @@
 #include "runtime.h"
 #include "cli.h"                /* berth_default_floor */
 #include "jsonlua.h"
+#include "store/store.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -722,6 +723,19 @@ static int open_sandboxes(berth_host *h)
   return 0;
 }
 
+/* The store's failures, among the host's errors (source "store"; the class is the
+ * error's code, a literal of the store's small set or "other"). */
+static void count_store_failure(void *ud, const berth_error *err)
+{
+  static const char *const codes[] = {"unavailable", "data_loss", "version",
+                                      "invalid_argument"};
+  const char *cls = "other";
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+    if (!strcmp(err->code, codes[i]))
+      cls = codes[i];
+  berth_count_error(ud, "store", cls);
+}
+
 int berth_host_new(const berth_options *o, berth_host **out, char **err)
 {
   *out = NULL;
@@ -790,6 +804,8 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
     ev_signal_start(h->loop, &h->sighup);
     ev_unref(h->loop);          /* reloading alone keeps no loop alive */
   }
+  if (h->o.store)
+    berth_store_on_failure(h->o.store, count_store_failure, h);
   *out = h;
   return 0;
 }
@@ -920,6 +936,8 @@ void berth_host_free(berth_host *h)
   free((char *)h->o.daemon_url);
   free((char *)h->o.daemon_token);
   free((char *)h->o.minimum_isolation);
+  if (h->o.store)               /* the store outlives the host (its last flush) */
+    berth_store_on_failure(h->o.store, NULL, NULL);
   free(h);
 }
 

@@ -19,10 +19,8 @@
  * id, a token or a session id (they name conversations by run id, "conv-<n>", and
  * callers by a short digest of their token).
  *
- * MHD glue (as sandboxd/server/http.c): external epoll fd watched by an ev_io, MHD_run from
- * it, from a timer that follows MHD_get_timeout (re-armed by an ev_prepare) and from a
- * zero-delay "kick" timer after a resume — never from inside an MHD callback.  A
- * stream is a response whose content reader suspends its connection when it has
+ * MHD runs on the loop as httpd/mhd_ev.h says (as sandboxd's does): after a resume
+ * it is kicked, never run from inside an MHD callback.  A stream is a response whose content reader suspends its connection when it has
  * nothing to send; an event appends to its buffer and resumes it.  A DELETE waits
  * suspended until onComplete ran.
  *
@@ -37,6 +35,7 @@
 #include "web.h"
 #include "connguard.h"           /* httpd/: what serve shares with sandboxd */
 #include "listen.h"
+#include "mhd_ev.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -120,6 +119,8 @@ static const char serve_usage[] =
   "                                   sqlite:berth.db in --state-dir)\n"
   "  --log-format text|json           one record a line: a timestamp, a level and the\n"
   "                                   message, or that as a JSON object (default text)\n"
+  "  --metrics-listen HOST:PORT       serve GET /metrics there too, without a token (for\n"
+  "                                   a scraper; printed as `metrics http://...`)\n"
   "  --lease-ms MS                    with a postgresql:// store shared by many hosts: a\n"
   "                                   conversation's lease lasts this long unrenewed\n"
   "                                   (10000; docs/many-hosts.md)\n"
@@ -221,9 +222,10 @@ struct server {
   struct MHD_Daemon *mhd;
   connguard *guard;              /* idle and surplus connections (connguard.h) */
   int listen_fd;
-  ev_io io;
-  ev_timer timer, kick, flush;
-  ev_prepare prepare;
+  httpd_mhd web;                 /* MHD on the loop (mhd_ev.h) */
+  struct MHD_Daemon *metrics_mhd;   /* --metrics-listen: /metrics alone, no token */
+  httpd_mhd metrics_web;
+  ev_timer flush;
   ev_signal sigterm, sigint, sighup;
   const char *token_file;        /* read again on SIGHUP */
   caller *callers;
@@ -233,6 +235,7 @@ struct server {
   size_t max_per_caller, max_body, max_queued;
   size_t active;                 /* requests MHD holds */
   bool stopping, host_done, verbose;
+  bool no_code_runs;             /* the daemon's provider is echo (its Describe says) */
   status_count statuses[24];
   size_t n_statuses;
   uint64_t streams_open;
@@ -515,7 +518,7 @@ static void answer_later(request *q, unsigned status, struct MHD_Response *r)
   if (q->suspended) {
     q->suspended = false;
     MHD_resume_connection(q->conn);
-    ev_timer_start(s->loop, &s->kick);
+    httpd_mhd_kick(&s->web);
   }
 }
 
@@ -562,7 +565,7 @@ static void stream_wake(stream *st)
   if (st->suspended && st->conn) {
     st->suspended = false;
     MHD_resume_connection(st->conn);
-    ev_timer_start(st->s->loop, &st->s->kick);
+    httpd_mhd_kick(&st->s->web);
   }
 }
 
@@ -727,13 +730,16 @@ static json_t *call_timing(berth_conv *c, sconv *sc, double now)
 static void on_tool_result(void *ud, berth_conv *c, const char *id, const json_t *result,
                            const berth_error *err)
 {
-  (void)ud;
+  server *s = ud;
   sconv *sc = berth_conv_userdata(c);
   double now = ev_time();
   json_t *timing = call_timing(c, sc, now);
   if (sc)
     sc->mark = now;              /* the next call's model step starts here */
-  if (result)
+  if (result && s->no_code_runs) /* the echo provider: say it on every result */
+    conv_event(c, "tool_result", json_pack("{s:s, s:O, s:o, s:b}", "id", id, "result",
+                                           result, "timing", timing, "noCodeRan", 1));
+  else if (result)
     conv_event(c, "tool_result", json_pack("{s:s, s:O, s:o}", "id", id, "result", result,
                                            "timing", timing));
   else
@@ -1880,13 +1886,12 @@ static void put_process_metrics(FILE *f)
           vsize, fds);
 }
 
-static enum MHD_Result do_metrics(request *q)
+/* The Prometheus text of /metrics (malloc'd), or NULL. */
+static char *render_metrics(server *s)
 {
-  server *s = q->s;
   char *text = berth_host_metrics(s->h);
   if (!text)
-    return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
-                 error_response("internal", "cannot render the metrics"));
+    return NULL;
   char *buf = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
@@ -1906,7 +1911,96 @@ static enum MHD_Result do_metrics(request *q)
           s->store ? berth_store_engine_name(s->store) : "none");
   put_process_metrics(f);
   fclose(f);
-  return queue(q, MHD_HTTP_OK, text_response("text/plain; version=0.0.4; charset=utf-8", buf));
+  return buf;
+}
+
+#define METRICS_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+static enum MHD_Result do_metrics(request *q)
+{
+  char *buf = render_metrics(q->s);
+  if (!buf)
+    return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                 error_response("internal", "cannot render the metrics"));
+  return queue(q, MHD_HTTP_OK, text_response(METRICS_TYPE, buf));
+}
+
+/* --metrics-listen: a listener of its own that answers GET /metrics alone, with no
+ * token (a scraper holds none; the figures name no conversation, caller or token).
+ * Each answer is ready at once: no suspension, no request state. */
+static enum MHD_Result on_metrics_request(void *cls, struct MHD_Connection *conn,
+                                          const char *url, const char *method,
+                                          const char *version, const char *upload_data,
+                                          size_t *upload_data_size, void **con_cls)
+{
+  (void)version;
+  (void)upload_data;
+  server *s = cls;
+  if (!*con_cls) {              /* the head: answer once the (empty) body is read */
+    *con_cls = s;
+    return MHD_YES;
+  }
+  if (*upload_data_size) {
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  unsigned status = MHD_HTTP_OK;
+  struct MHD_Response *r;
+  char *buf;
+  if (strcmp(url, "/metrics") != 0) {
+    status = MHD_HTTP_NOT_FOUND;
+    r = error_response("not_found", "this listener serves /metrics alone");
+  } else if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+             strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    status = MHD_HTTP_METHOD_NOT_ALLOWED;
+    r = error_response("method_not_allowed", "/metrics takes GET, not %.16s", method);
+    if (r)
+      MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET");
+  } else if (!(buf = render_metrics(s))) {
+    status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+    r = error_response("internal", "cannot render the metrics");
+  } else
+    r = text_response(METRICS_TYPE, buf);
+  if (!r)
+    return MHD_NO;
+  enum MHD_Result ok = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap);
+
+static bool metrics_start(server *s, const char *spec)
+{
+  unsigned port = 0;
+  char *why = NULL;
+  int fd = httpd_listen_spec(spec, "--metrics-listen", 64, &port, &why);
+  if (fd < 0) {
+    slog(s, "%s", why ? why : "cannot listen for the metrics");
+    free(why);
+    return false;
+  }
+  s->metrics_mhd = MHD_start_daemon(
+    MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_metrics_request, s,
+    MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+    MHD_OPTION_LISTEN_SOCKET, fd,
+    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)30,
+    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)64,
+    MHD_OPTION_END);
+  if (!httpd_mhd_attach(&s->metrics_web, s->loop, s->metrics_mhd, &why)) {
+    slog(s, "--metrics-listen: %s", why);
+    free(why);
+    if (s->metrics_mhd) {
+      MHD_stop_daemon(s->metrics_mhd);
+      s->metrics_mhd = NULL;
+    } else
+      close(fd);
+    return false;
+  }
+  const char *colon = strrchr(spec, ':');
+  printf("metrics http://%.*s:%u/metrics\n", (int)(colon - spec), spec, port);
+  fflush(stdout);
+  return true;
 }
 
 static enum MHD_Result dispatch(request *q)
@@ -2140,39 +2234,6 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* }====================================================== */
 
-/* {====================================================== libev glue */
-
-static void run_mhd(struct ev_loop *loop, ev_timer *w, int revents)
-{
-  (void)loop;
-  (void)revents;
-  server *s = w->data;
-  MHD_run(s->mhd);
-}
-
-static void on_epoll(struct ev_loop *loop, ev_io *w, int revents)
-{
-  (void)loop;
-  (void)revents;
-  server *s = w->data;
-  MHD_run(s->mhd);
-}
-
-static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
-{
-  (void)revents;
-  server *s = w->data;
-  MHD_UNSIGNED_LONG_LONG ms;
-  ev_timer_stop(loop, &s->timer);
-  if (MHD_get_timeout(s->mhd, &ms) == MHD_YES) {
-    ev_timer_set(&s->timer, (double)ms / 1000.0, 0.);
-    ev_timer_start(loop, &s->timer);
-  }
-}
-
-
-/* }====================================================== */
-
 /* {====================================================== shutdown */
 
 static void on_flush_limit(struct ev_loop *loop, ev_timer *w, int revents)
@@ -2234,6 +2295,7 @@ enum { O_MAX_CONNS = 512, O_HEADER_TIMEOUT };
 enum { O_STORE = 600, O_STATE_DIR };
 enum { O_LEASE_MS = 650 };      /* many hosts (docs/many-hosts.md) */
 enum { O_LOG_FORMAT = 700 };
+enum { O_METRICS_LISTEN = 750 };
 #define DEFAULT_HEADER_TIMEOUT 10.0
 
 static const struct option serve_opts[] = {
@@ -2241,6 +2303,7 @@ static const struct option serve_opts[] = {
   {"store", required_argument, NULL, O_STORE},
   {"lease-ms", required_argument, NULL, O_LEASE_MS},
   {"log-format", required_argument, NULL, O_LOG_FORMAT},
+  {"metrics-listen", required_argument, NULL, O_METRICS_LISTEN},
   {"state-dir", required_argument, NULL, O_STATE_DIR},
   {"header-timeout", required_argument, NULL, O_HEADER_TIMEOUT},
   {"listen", required_argument, NULL, O_LISTEN},
@@ -2279,6 +2342,7 @@ typedef struct serve_args {
   const char *store, *state_dir;
   size_t lease_ms;              /* 0: DEFAULT_LEASE_MS */
   double header_timeout;
+  const char *metrics_listen;   /* NULL: /metrics on --listen only, with a token */
 } serve_args;
 
 /* Whether HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost). */
@@ -2338,6 +2402,7 @@ static int parse_args(int argc, char **argv, serve_args *a)
       case O_VERBOSE: a->verbose = true; break;
       case O_MAX_CONNS: count = &a->max_conns; break;
       case O_STORE: a->store = optarg; break;
+      case O_METRICS_LISTEN: a->metrics_listen = optarg; break;
       case O_LOG_FORMAT:
         if (strcmp(optarg, "text") && strcmp(optarg, "json"))
           return usage_error("--log-format takes text or json, not %s", optarg);
@@ -2540,9 +2605,6 @@ int berth_cmd_serve(int argc, char **argv)
     if (!provider)
       provider = getenv("BERTH_PROVIDER") && *getenv("BERTH_PROVIDER")
                  ? getenv("BERTH_PROVIDER") : "auto";
-    if (!strcmp(provider, "echo"))
-      slog(s, "warning: the echo provider runs no code: every tool result is the code "
-              "echoed back");
     if (berth_daemon_start(&local, a.sandboxd, provider, a.verbose) != 0)
       goto out;
     berth_daemon_watch(&local, s->loop);  /* started again if it dies (issue 11) */
@@ -2610,6 +2672,24 @@ int berth_cmd_serve(int argc, char **argv)
     }
   }
 
+  if (daemon_url) {
+    /* Where code runs, from the daemon itself: a daemon that does not answer now may
+     * later (the host's calls say so then); one that runs no code is said so. */
+    berth_daemon_facts df;
+    if (berth_daemon_describe(s->loop, daemon_url, daemon_token, &df) != 0)
+      slog_warn(s, "the daemon did not answer Describe; turns fail until it does");
+    else {
+      s->no_code_runs = df.sandbox && !strcmp(df.sandbox, "echo");
+      if (s->no_code_runs)
+        slog_warn(s, "the daemon's provider is echo, which runs no code: every tool "
+                     "result is the code echoed back, marked \"noCodeRan\"");
+      else if (s->verbose)
+        slog(s, "code runs in %s (%s isolation)", df.sandbox ? df.sandbox : "?",
+             df.isolation ? df.isolation : "?");
+      berth_daemon_facts_clear(&df);
+    }
+  }
+
   berth_options ho;
   berth_options_init(&ho);
   ho.loop = s->loop;
@@ -2668,22 +2748,13 @@ int berth_cmd_serve(int argc, char **argv)
     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
     MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(s->guard),
     MHD_OPTION_END);
-  const union MHD_DaemonInfo *info =
-    s->mhd ? MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
-  if (!info || info->epoll_fd < 0) {
-    slog(s, "libmicrohttpd would not start (epoll with suspend/resume)");
+  if (!httpd_mhd_attach(&s->web, s->loop, s->mhd, &why)) {
+    slog(s, "%s", why);
+    free(why);
     goto out;
   }
-  ev_io_init(&s->io, on_epoll, info->epoll_fd, EV_READ);
-  s->io.data = s;
-  ev_io_start(s->loop, &s->io);
-  ev_timer_init(&s->timer, run_mhd, 0., 0.);
-  s->timer.data = s;
-  ev_timer_init(&s->kick, run_mhd, 0., 0.);
-  s->kick.data = s;
-  ev_prepare_init(&s->prepare, on_prepare);
-  s->prepare.data = s;
-  ev_prepare_start(s->loop, &s->prepare);
+  if (a.metrics_listen && !metrics_start(s, a.metrics_listen))
+    goto out;
   ev_signal_init(&s->sigterm, on_stop_signal, SIGTERM);
   s->sigterm.data = s;
   ev_signal_start(s->loop, &s->sigterm);
@@ -2733,11 +2804,8 @@ out:
           st->finished = true;
           stream_wake(st);
         }
-    ev_io_stop(s->loop, &s->io);
-    ev_timer_stop(s->loop, &s->timer);
-    ev_timer_stop(s->loop, &s->kick);
+    httpd_mhd_detach(&s->web);
     ev_timer_stop(s->loop, &s->flush);
-    ev_prepare_stop(s->loop, &s->prepare);
     ev_signal_stop(s->loop, &s->sigterm);
     ev_signal_stop(s->loop, &s->sigint);
     ev_signal_stop(s->loop, &s->sighup);
@@ -2745,6 +2813,9 @@ out:
     MHD_stop_daemon(s->mhd);
   } else if (s->listen_fd >= 0)
     close(s->listen_fd);
+  httpd_mhd_detach(&s->metrics_web);
+  if (s->metrics_mhd)
+    MHD_stop_daemon(s->metrics_mhd);
   connguard_free(s->guard);
   for (size_t i = 0; i < s->table_size; i++)
     while (s->table[i]) {

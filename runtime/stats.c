@@ -187,7 +187,7 @@ char *berth_host_metrics(const berth_host *h)
           (unsigned long long)(s.cells - s.cell_errors));
   fprintf(f, "berth_cells_total{outcome=\"error\"} %llu\n", (unsigned long long)s.cell_errors);
   head(f, "berth_errors_total", "counter",
-       "Errors by source (cell, hook, host, model) and class (the error code).");
+       "Errors by source (cell, hook, host, model, store) and class (the error code).");
   for (const berth_errclass *e = h->st.classes; e; e = e->next) {
     fputs("berth_errors_total{source=\"", f);
     label(f, e->source);

@@ -20,15 +20,20 @@ trap 'T kill-server 2>/dev/null; rm -rf "$work" 2>/dev/null' EXIT
 
 # start NAME ARGS...: berth chat ARGS in a fresh 120x40 terminal; its exit status goes
 # to $work/NAME.rc.  Sets $shell_pid (the pane's shell).
+# Each test has a session of its own, made before the one before it is killed: killing
+# the only session ends the tmux server, and a new-session racing that exit can land in
+# the dying server ("no server running" for the whole test).
+t=
 start() {
     rcname=$1; shift
-    T kill-session -t t 2>/dev/null
-    T new-session -d -s t -x 120 -y 40 \
+    old=$t; t="t-$rcname"
+    T new-session -d -s "$t" -x 120 -y 40 \
         "BERTH_HISTORY='$work/history' '$B' chat $*; echo \$? > '$work/$rcname.rc'; sleep 600"
-    shell_pid=$(T display-message -p -t t '#{pane_pid}')
+    [ -z "$old" ] || T kill-session -t "$old" 2>/dev/null
+    shell_pid=$(T display-message -p -t "$t" '#{pane_pid}')
 }
 
-screen() { T capture-pane -p -t t; }   # (trailing blanks are not kept: "you>")
+screen() { T capture-pane -p -t "$t"; }   # (trailing blanks are not kept: "you>")
 
 # wait_for TEXT [SECONDS]: polls the screen until it shows TEXT (a fixed string).
 wait_for() {
@@ -71,14 +76,14 @@ test_arrow_keys_edit_the_line_and_history_is_kept() {
     wait_for "you>" || return 1
     # "oex", Left (before the x), BSpace (the e goes), Left (before the o), Right,
     # "ne", End, BSpace (the x goes): "one"
-    T send-keys -t t "oex" Left BSpace Left Right "ne" End BSpace
-    T send-keys -t t Enter
+    T send-keys -t "$t" "oex" Left BSpace Left Right "ne" End BSpace
+    T send-keys -t "$t" Enter
     wait_for "assistant> done one" || return 1
-    T send-keys -t t Up              # the history: the line before, editable
+    T send-keys -t "$t" Up              # the history: the line before, editable
     wait_for "you> one" || return 1
-    T send-keys -t t C-u "two" Enter
+    T send-keys -t "$t" C-u "two" Enter
     wait_for "assistant> done two" || return 1
-    T send-keys -t t C-d
+    T send-keys -t "$t" C-d
     rc=$(wait_rc edit) || return 1
     [ "$rc" -eq 0 ] || { echo "Ctrl-D exited $rc, not 0"; return 1; }
     screen | grep -q '\^\[\[D' && { echo "an arrow key printed ^[[D"; return 1; }
@@ -94,18 +99,18 @@ test_ctrl_c_cancels_the_running_turn_and_the_sandboxd_lives_on() {
     [ -n "$daemon_pid" ] || { echo "no local sandboxd under berth ($berth_pid)"; return 1; }
     [ "$(ps -o pgid= -p "$daemon_pid")" != "$(ps -o pgid= -p "$berth_pid")" ] || {
         echo "the sandboxd shares berth's process group"; return 1; }
-    T send-keys -t t "first" Enter
+    T send-keys -t "$t" "first" Enter
     wait_for "running the cell" 60 || return 1     # the spinner, with the elapsed time
     screen | grep -Eq 'running the cell [0-9]+\.[0-9] s' || { screen; return 1; }
-    T send-keys -t t C-c
+    T send-keys -t "$t" C-c
     wait_for "the turn was cancelled (Ctrl-C)" || return 1
     wait_for "you>" || return 1
     kill -0 "$daemon_pid" || { echo "the sandboxd died with the Ctrl-C"; return 1; }
     [ "$(pgrep -P "$berth_pid" -x sandboxd)" = "$daemon_pid" ] || {
         echo "the sandboxd was replaced"; return 1; }
-    T send-keys -t t "second" Enter
+    T send-keys -t "$t" "second" Enter
     wait_for "assistant> still here" || return 1
-    T send-keys -t t C-c                           # at the prompt: exit, 130
+    T send-keys -t "$t" C-c                           # at the prompt: exit, 130
     rc=$(wait_rc cancel) || return 1
     [ "$rc" -eq 130 ] || { echo "exit $rc, not 130"; return 1; }
     screen | grep -q "stack traceback" && return 1
@@ -115,12 +120,12 @@ test_ctrl_c_cancels_the_running_turn_and_the_sandboxd_lives_on() {
 test_approve_asks_before_the_cell() {
     start approve --approve --provider echo --model "scripted:$work/quick.lua"
     wait_for "you>" || return 1
-    T send-keys -t t "one" Enter
+    T send-keys -t "$t" "one" Enter
     wait_for "run this cell? [y]es / [n]o / [a]lways:" || return 1
-    T send-keys -t t "n" Enter
+    T send-keys -t "$t" "n" Enter
     wait_for "result> error [permission] Nothing ran: the cell was not approved" || return 1
     wait_for "assistant> done one" || return 1
-    T send-keys -t t "/quit" Enter
+    T send-keys -t "$t" "/quit" Enter
     rc=$(wait_rc approve) || return 1
     [ "$rc" -eq 0 ] || { echo "exit $rc"; return 1; }
 }

@@ -286,6 +286,8 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   store_watchers *w = W(s);
   if (err) {
     s->st.failures++;
+    if (s->failure_fn)
+      s->failure_fn(s->failure_ud, err);
     s->retry_delay = s->retry_delay ? s->retry_delay * 2 : RETRY_FIRST;
     if (s->retry_delay > RETRY_MOST)
       s->retry_delay = RETRY_MOST;
@@ -559,9 +561,25 @@ const char *berth_store_engine_name(const berth_store *s) { return s->vt->name; 
 
 void berth_store_get_stats(const berth_store *s, berth_store_stats *out) { *out = s->st; }
 
+void berth_store_on_failure(berth_store *s, void (*fn)(void *ud, const berth_error *err),
+                            void *ud)
+{
+  s->failure_fn = fn;
+  s->failure_ud = ud;
+}
+
 /* }====================================================== */
 
 /* {====================================================== reads */
+
+/* The engine's answer to a read, its failure reported (a failed barrier was reported
+ * as the write failure it is). */
+static berth_error *read_failed(berth_store *s, berth_error *e)
+{
+  if (e && s->failure_fn)
+    s->failure_fn(s->failure_ud, e);
+  return e;
+}
 
 /* A read sees every write queued before it. */
 static berth_error *read_barrier(berth_store *s)
@@ -580,7 +598,7 @@ berth_error *berth_store_get_conv(berth_store *s, const char *id, berth_store_co
   memset(out, 0, sizeof *out);
   *found = false;
   berth_error *e = read_barrier(s);
-  return e ? e : s->vt->get_conv(s, id, out, found);
+  return e ? e : read_failed(s, s->vt->get_conv(s, id, out, found));
 }
 
 berth_error *berth_store_list_convs(berth_store *s, const char *caller, uint64_t before,
@@ -589,7 +607,7 @@ berth_error *berth_store_list_convs(berth_store *s, const char *caller, uint64_t
   *out = NULL;
   *n = 0;
   berth_error *e = read_barrier(s);
-  return e ? e : s->vt->list_convs(s, caller, before, limit, out, n);
+  return e ? e : read_failed(s, s->vt->list_convs(s, caller, before, limit, out, n));
 }
 
 berth_error *berth_store_load_messages(berth_store *s, const char *id, char ***out,
@@ -598,7 +616,7 @@ berth_error *berth_store_load_messages(berth_store *s, const char *id, char ***o
   *out = NULL;
   *n = 0;
   berth_error *e = read_barrier(s);
-  return e ? e : s->vt->load_messages(s, id, out, n);
+  return e ? e : read_failed(s, s->vt->load_messages(s, id, out, n));
 }
 
 berth_error *berth_store_read_events(berth_store *s, const char *id, uint64_t after,
@@ -607,7 +625,7 @@ berth_error *berth_store_read_events(berth_store *s, const char *id, uint64_t af
   *out = NULL;
   *n = 0;
   berth_error *e = read_barrier(s);
-  return e ? e : s->vt->read_events(s, id, after, limit, out, n);
+  return e ? e : read_failed(s, s->vt->read_events(s, id, after, limit, out, n));
 }
 
 /* }====================================================== */
@@ -622,7 +640,7 @@ static berth_error *interrupt_turn(berth_store *s, berth_store_conv *r)
   /* the record is written at turn boundaries; events after it may be stored */
   berth_store_event *ev = NULL;
   size_t nev = 0;
-  berth_error *e = s->vt->read_events(s, r->id, r->last_event, 0, &ev, &nev);
+  berth_error *e = read_failed(s, s->vt->read_events(s, r->id, r->last_event, 0, &ev, &nev));
   if (e)
     return e;
   if (nev)
@@ -649,7 +667,7 @@ berth_error *berth_store_mark_interrupted(berth_store *s, size_t *n)
     return e;
   berth_store_conv *v = NULL;
   size_t count = 0;
-  e = s->vt->list_running(s, &v, &count);
+  e = read_failed(s, s->vt->list_running(s, &v, &count));
   if (e)
     return e;
   for (size_t i = 0; i < count && !e; i++)

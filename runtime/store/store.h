@@ -124,6 +124,12 @@ void berth_store_free(berth_store *s);
 /* "memory", "sqlite", "postgresql". */
 const char *berth_store_engine_name(const berth_store *s);
 void berth_store_get_stats(const berth_store *s, berth_store_stats *out);
+/* `fn(ud, err)` hears of every failure the store meets, once each: a write transaction
+ * that failed (its writes are kept and tried again) and a read that failed.  From the
+ * loop's thread, inside the store call or flush that met it; `err` is borrowed.  NULL
+ * stops it.  (The host counts them as errors of source "store".) */
+void berth_store_on_failure(berth_store *s, void (*fn)(void *ud, const berth_error *err),
+                            void *ud);
 
 /* {====================================================== writes (queued) */
 

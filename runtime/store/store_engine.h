@@ -88,6 +88,8 @@ struct berth_store {
   /* Sync callbacks not called yet: while there are, the store keeps its loop alive
    * (one ev_ref), since someone waits for them. */
   size_t syncs_waiting;
+  void (*failure_fn)(void *ud, const berth_error *err);   /* berth_store_on_failure */
+  void *failure_ud;
 };
 
 /* The conditions of a lease (one place, so the three engines agree). */

@@ -452,7 +452,7 @@ function onEvent(ev, replaying) {
       if (d.error)
         fillError(card, d.error);
       else
-        fillResult(card, d.result || {}, timing);
+        fillResult(card, d.result || {}, timing, d.noCodeRan);
       renderHops(card);
       break;
     }
@@ -558,14 +558,17 @@ function fact(dl, name, value, cls) {
   return dd;
 }
 
-function fillResult(card, r, timing) {
+function fillResult(card, r, timing, noCodeRan) {
   const ok = r.exitCode === 0 && !r.timedOut;
   card.classList.add(ok ? 'ok' : 'bad');
-  setCardState(card, r.timedOut ? 'timed out' : 'exit ' + r.exitCode, ok ? 'good' : 'bad');
+  setCardState(card, noCodeRan ? 'no code ran' : r.timedOut ? 'timed out' : 'exit ' + r.exitCode,
+               noCodeRan ? 'warn' : ok ? 'good' : 'bad');
   if (r.language)
     card.querySelector('.lang').textContent = r.language;
   const dl = card.querySelector('.facts');
   dl.replaceChildren();
+  if (noCodeRan)
+    fact(dl, 'no code ran', 'the echo provider echoed the code back as its output', 'warn');
   fact(dl, 'exit code', String(r.exitCode), ok ? 'good' : 'bad');
   if (r.timedOut)
     fact(dl, 'timed out', 'yes', 'bad');

@@ -537,7 +537,7 @@ static const char web_app_js[] =
     "      if (d.error)\n"
     "        fillError(card, d.error);\n"
     "      else\n"
-    "        fillResult(card, d.result || {}, timing);\n"
+    "        fillResult(card, d.result || {}, timing, d.noCodeRan);\n"
     "      renderHops(card);\n"
     "      break;\n"
     "    }\n"
@@ -643,14 +643,17 @@ static const char web_app_js[] =
     "  return dd;\n"
     "}\n"
     "\n"
-    "function fillResult(card, r, timing) {\n"
+    "function fillResult(card, r, timing, noCodeRan) {\n"
     "  const ok = r.exitCode === 0 && !r.timedOut;\n"
     "  card.classList.add(ok \? 'ok' : 'bad');\n"
-    "  setCardState(card, r.timedOut \? 'timed out' : 'exit ' + r.exitCode, ok \? 'good' : 'bad');\n"
+    "  setCardState(card, noCodeRan \? 'no code ran' : r.timedOut \? 'timed out' : 'exit ' + r.exitCode,\n"
+    "               noCodeRan \? 'warn' : ok \? 'good' : 'bad');\n"
     "  if (r.language)\n"
     "    card.querySelector('.lang').textContent = r.language;\n"
     "  const dl = card.querySelector('.facts');\n"
     "  dl.replaceChildren();\n"
+    "  if (noCodeRan)\n"
+    "    fact(dl, 'no code ran', 'the echo provider echoed the code back as its output', 'warn');\n"
     "  fact(dl, 'exit code', String(r.exitCode), ok \? 'good' : 'bad');\n"
     "  if (r.timedOut)\n"
     "    fact(dl, 'timed out', 'yes', 'bad');\n"
@@ -1127,6 +1130,6 @@ static const char web_style_css[] =
 
 static const struct web_asset web_assets[] = {
   {"/", "text/html; charset=utf-8", web_index_html, sizeof web_index_html - 1, "\"65c26337abf49e559ddff44dc0ea46d9\""},
-  {"/app.js", "text/javascript; charset=utf-8", web_app_js, sizeof web_app_js - 1, "\"9faea7efbb090ac8d210b3d03690aacd\""},
+  {"/app.js", "text/javascript; charset=utf-8", web_app_js, sizeof web_app_js - 1, "\"741a15a42257729b842f8a78163864c2\""},
   {"/style.css", "text/css; charset=utf-8", web_style_css, sizeof web_style_css - 1, "\"77c420d6d3a2574f3adee223c3380cf2\""},
 };

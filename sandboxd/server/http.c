@@ -2,15 +2,11 @@
  * http.c — libmicrohttpd on libev.
  *
  * Connections come from the listener (listener.h), which turns TLS handshakes away.
- * MHD runs in external-select mode with its own epoll set: an ev_io watches that
- * set's fd, an ev_timer follows MHD_get_timeout (re-armed before every loop
- * iteration by an ev_prepare), and both call MHD_run.  A call whose answer is not
- * ready when its handler returns is suspended; answering it later stores the
- * response and resumes the connection, and MHD calls the access handler again, which
- * queues the response.  In external mode MHD has no channel to wake itself after a
- * resume ("make sure to run MHD_run() afterwards"), so a resume also starts a
- * zero-delay timer that runs MHD on the next loop iteration — never from inside an
- * MHD callback, where a resume can happen too.
+ * MHD runs on the loop as httpd/mhd_ev.h says.  A call whose answer is not ready when
+ * its handler returns is suspended; answering it later stores the response, resumes
+ * the connection and kicks MHD (httpd_mhd_kick: never MHD_run from inside an MHD
+ * callback, where a resume can happen too), and MHD calls the access handler again,
+ * which queues the response.
  *
  * A call has two owners: MHD (until its request-completed notice) and the handler
  * (until it answers).  Whichever lets go last frees it, so a provider that answers
@@ -26,6 +22,7 @@
 #include "config.h"
 #include "connguard.h"
 #include "listener.h"
+#include "mhd_ev.h"
 #include "log.h"
 #include "util.h"
 
@@ -59,10 +56,7 @@ struct sbx_http {
     uint64_t refused_conns;        /* MHD_add_connection failures not logged yet */
     ev_tstamp refused_logged_at;
     unsigned port;
-    ev_io io;
-    ev_timer timer;
-    ev_timer kick;                 /* MHD_run after a resume */
-    ev_prepare prepare;
+    httpd_mhd mhd;                 /* MHD on the loop (mhd_ev.h) */
     bool quiesced;
     size_t active;                 /* calls MHD still holds (answer not sent yet) */
     void (*idle_cb)(void *ud);
@@ -189,7 +183,7 @@ static void call_answer(sbx_call *c, struct MHD_Response *r, unsigned status)
         if (c->suspended) {
             c->suspended = false;
             MHD_resume_connection(c->conn);
-            ev_timer_start(h->loop, &h->kick);
+            httpd_mhd_kick(&h->mhd);
         }
     } else if (r) {
         MHD_destroy_response(r); /* the connection is gone: nobody to answer */
@@ -513,41 +507,6 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     sbx_log("http: %s", line);
 }
 
-/* ---------------------------------------------------------------- libev glue */
-
-static void run_mhd(sbx_http *h)
-{
-    MHD_run(h->daemon);
-}
-
-static void on_epoll_ready(struct ev_loop *loop, ev_io *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    run_mhd(w->data);
-}
-
-static void on_mhd_timer(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    (void)loop;
-    (void)revents;
-    run_mhd(w->data);
-}
-
-/* Before the loop blocks: wake up when MHD next needs to run (timeouts, and at once
- * when it holds data already read but not processed). */
-static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
-{
-    (void)revents;
-    sbx_http *h = w->data;
-    MHD_UNSIGNED_LONG_LONG ms;
-    ev_timer_stop(loop, &h->timer);
-    if (MHD_get_timeout(h->daemon, &ms) == MHD_YES) {
-        ev_timer_set(&h->timer, (double)ms / 1000.0, 0.);
-        ev_timer_start(loop, &h->timer);
-    }
-}
-
 /* ---------------------------------------------------------------- life cycle */
 
 static void on_guard_notice(void *ud, const char *line)
@@ -563,7 +522,7 @@ static void on_accepted(void *ud, int fd, const struct sockaddr *addr, socklen_t
     /* The listener hands connections over in batches; connections the guard shut
      * meanwhile still count against MHD's limit until MHD_run reaps them. */
     if (connguard_unreaped(h->guard) >= 8)
-        run_mhd(h);
+        httpd_mhd_run(&h->mhd);
     /* On failure MHD closes the socket itself.  Logged once per 10 s at most: a flood
      * must not become a flood of log lines. */
     if (MHD_add_connection(h->daemon, fd, addr, len) != MHD_YES) {
@@ -575,7 +534,7 @@ static void on_accepted(void *ud, int fd, const struct sockaddr *addr, socklen_t
             h->refused_logged_at = ev_now(h->loop);
         }
     }
-    ev_timer_start(h->loop, &h->kick); /* external mode: MHD picks it up in MHD_run */
+    httpd_mhd_kick(&h->mhd); /* external mode: MHD picks it up in MHD_run */
 }
 
 sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_route *routes,
@@ -609,32 +568,14 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
         MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(h->guard),
         MHD_OPTION_END);
-    if (!h->daemon) {
-        *why = sbx_xstrdup("libmicrohttpd would not start (epoll with suspend/resume)");
+    if (!httpd_mhd_attach(&h->mhd, loop, h->daemon, why)) {
+        if (h->daemon)
+            MHD_stop_daemon(h->daemon);
         connguard_free(h->guard);
         close(listen_fd);
         free(h);
         return NULL;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_EPOLL_FD);
-    if (!info || info->epoll_fd < 0) {
-        *why = sbx_xstrdup("libmicrohttpd has no epoll fd");
-        MHD_stop_daemon(h->daemon);
-        connguard_free(h->guard);
-        close(listen_fd);
-        free(h);
-        return NULL;
-    }
-    ev_io_init(&h->io, on_epoll_ready, info->epoll_fd, EV_READ);
-    h->io.data = h;
-    ev_io_start(loop, &h->io);
-    ev_timer_init(&h->timer, on_mhd_timer, 0., 0.);
-    h->timer.data = h;
-    ev_timer_init(&h->kick, on_mhd_timer, 0., 0.);
-    h->kick.data = h;
-    ev_prepare_init(&h->prepare, on_prepare);
-    h->prepare.data = h;
-    ev_prepare_start(loop, &h->prepare);
     /* Connections yet to say their first byte wait in the listener: a quarter more. */
     size_t max_silent = max_conns / 4 > 16 ? max_conns / 4 : 16;
     h->listener = sbx_listener_new(loop, listen_fd, cfg->header_timeout_ms / 1000.0,
@@ -672,10 +613,7 @@ void sbx_http_free(sbx_http *h)
 {
     if (!h)
         return;
-    ev_io_stop(h->loop, &h->io);
-    ev_timer_stop(h->loop, &h->timer);
-    ev_timer_stop(h->loop, &h->kick);
-    ev_prepare_stop(h->loop, &h->prepare);
+    httpd_mhd_detach(&h->mhd);
     sbx_listener_free(h->listener);
     MHD_stop_daemon(h->daemon); /* closes the connections, each with its completed notice */
     connguard_free(h->guard);
