@@ -188,6 +188,8 @@ static void test_create_message_delete(void **state)
   const json_t *r = json_object_get(res, "result");
   assert_non_null(r);
   assert_string_equal(json_string_value(json_object_get(r, "stdout")), "python 1: x = 41");
+  /* the daemon's provider is echo (its Describe says): the result says nothing ran */
+  assert_true(json_is_true(json_object_get(res, "noCodeRan")));
   assert_true(json_is_true(json_object_get(r, "freshSandbox")));
   assert_int_equal(json_integer_value(json_object_get(r, "exitCode")), 0);
   assert_int_equal(strlen(json_string_value(json_object_get(r, "recordSha256"))), 64);
@@ -866,6 +868,39 @@ static void test_metrics_parse_and_move(void **state)
   stop(s, 0);
 }
 
+/* --metrics-listen: /metrics alone on an address of its own, without a token, for a
+ * scraper; the API's /metrics still wants one (issue 14, item 6). */
+static void test_metrics_listen_serves_metrics_without_a_token(void **state)
+{
+  (void)state;
+  const char *more[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+  st_server *s = serve(more);
+  assert_true(s->metrics_url[0]);
+  assert_null(strstr(s->metrics_url, s->url));        /* a port of its own */
+  char *text = NULL;
+  assert_int_equal(st_call("GET", s->metrics_url, NULL, NULL, &text), 200);
+  assert_non_null(strstr(text, "\nberth_build_info{version=\""));
+  assert_non_null(strstr(text, "\nprocess_open_fds "));
+  assert_true(metric(text, "berth_conversations") == 0);
+  free(text);
+  /* it moves with the API */
+  char id[40];
+  create(s, 0, NULL, id);
+  assert_int_equal(st_call("GET", s->metrics_url, NULL, NULL, &text), 200);
+  assert_true(metric(text, "berth_conversations") == 1);
+  assert_null(strstr(text, id));
+  free(text);
+  /* /metrics alone, GET alone */
+  char other[160];
+  snprintf(other, sizeof other, "%.*s/v1/conversations",
+           (int)(strlen(s->metrics_url) - strlen("/metrics")), s->metrics_url);
+  assert_int_equal(st_call("GET", other, s->token[0], NULL, NULL), 404);
+  assert_int_equal(st_call("POST", s->metrics_url, NULL, "{}", NULL), 405);
+  /* the API's own /metrics still needs a caller's token */
+  assert_int_equal(st_call("GET", url(s, "/metrics"), NULL, NULL, NULL), 401);
+  stop(s, 0);
+}
+
 /* }====================================================== */
 
 /* {====================================================== SIGTERM */
@@ -1187,6 +1222,7 @@ int main(void)
     cmocka_unit_test(test_max_sandboxes_closes_the_idle_one),
     cmocka_unit_test(test_turn_queue_and_capacity),
     cmocka_unit_test(test_metrics_parse_and_move),
+    cmocka_unit_test(test_metrics_listen_serves_metrics_without_a_token),
     cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),
     cmocka_unit_test(test_sigterm_cancels_after_the_grace),
     cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),

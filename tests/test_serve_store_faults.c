@@ -295,6 +295,19 @@ static int fill(const char *path)
 
 #define MESSAGES_WHILE_FULL 20
 
+/* berth_errors_total{source="store",class="unavailable"} from --metrics-listen (no
+ * token); 0 when there is no such sample yet. */
+static double store_errors(st_server *s)
+{
+  static const char name[] = "\nberth_errors_total{source=\"store\",class=\"unavailable\"} ";
+  char *text = NULL;
+  assert_int_equal(st_call("GET", s->metrics_url, NULL, NULL, &text), 200);
+  const char *at = strstr(text, name);
+  double n = at ? strtod(at + strlen(name), NULL) : 0;
+  free(text);
+  return n;
+}
+
 static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recovers(void **state)
 {
   (void)state;
@@ -311,14 +324,18 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
   char store[300], filler[300];
   snprintf(store, sizeof store, "sqlite:%s/berth.db", dir);
   snprintf(filler, sizeof filler, "%s/filler", dir);
-  const char *extra[] = {"--store", store, "--provider", "echo", NULL};
+  const char *extra[] = {"--store", store, "--provider", "echo", "--metrics-listen",
+                         "127.0.0.1:0", NULL};
   st_server *s = calloc(1, sizeof *s);
   assert_int_equal(st_start(s, script_call, extra), 0);
   char id[40];
   create(s, id);
   char *body = NULL;
   assert_int_equal(say(s, id, "before", &body), 200);
+  /* the local sandboxd runs echo, as named: every result says no code ran */
+  assert_non_null(strstr(body, "\"noCodeRan\":true"));
   free(body);
+  assert_true(store_errors(s) == 0);
 
   /* A turn runs (acknowledged: its stream started) when the disk fills: what it
    * writes at its end fails, and must not be lost. */
@@ -361,6 +378,10 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
     free(body);
   }
   print_message("while full: %d taken, %d refused\n", n_taken, n_refused);
+  /* the failures are errors of source "store" in the metrics */
+  double failures = store_errors(s);
+  print_message("store errors counted: %g\n", failures);
+  assert_true(failures >= 1);
   assert_true(n_refused >= MESSAGES_WHILE_FULL - 2);   /* the disk is full: refused */
   char *log = st_read_log(s);
   assert_non_null(strstr(log, "full"));                /* SQLite's "database or disk is full" */

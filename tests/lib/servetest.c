@@ -162,6 +162,8 @@ static int spawn(st_server *s, const char *const *extra)
       break;
     if (line[len] == '\n' || len + 2 >= sizeof line) {
       line[len] = '\0';
+      if (strncmp(line, "metrics ", 8) == 0)     /* --metrics-listen's, before it */
+        snprintf(s->metrics_url, sizeof s->metrics_url, "%.120s", line + 8);
       if (strncmp(line, "listening ", 10) == 0) {
         snprintf(s->url, sizeof s->url, "%.120s", line + 10);
         return 0;

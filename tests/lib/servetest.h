@@ -20,6 +20,7 @@ typedef struct st_server {
   int out_fd;                  /* its stdout (kept open) */
   int pidfd;                   /* for a bounded wait on its exit (-1: none) */
   char url[128];
+  char metrics_url[128];       /* with --metrics-listen: "http://HOST:PORT/metrics" */
   char dir[64];                /* temporary: tokens, script */
   char token[2][65];           /* two callers */
   char log[160];               /* its stderr, dir/serve.log */
