@@ -46,21 +46,35 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SH  := $(sort $(wildcard tests/test_*.sh))
-# runtime/: the berth host.  main.c is the CLI; the rest is libberth (embeddable).
+# runtime/: berth.  libberth (embeddable) is core/ (the host, conversations, natives,
+# containment, the public API, the local sandboxd), models/ (scripted, openai, SSE)
+# and store/; faces/ is the berth program (CLI, chat, replay, serve and its page).
 LUA_CFLAGS = $(shell pkg-config --cflags lua5.4 2>/dev/null)
 LUA_LIBS   = $(shell pkg-config --libs lua5.4 2>/dev/null)
-# GNU readline: the line editing of `berth chat` (runtime/cli.c).
+# GNU readline: the line editing of `berth chat` (runtime/faces/cli.c).
 RL_LIBS    = -lreadline
 HTTPD_SRC := $(sort $(wildcard httpd/*.c))
 HTTPD_OBJ := $(HTTPD_SRC:%.c=$(BUILD)/obj/%.o)
-RT_SRC   := $(sort $(filter-out runtime/main.c,$(wildcard runtime/*.c runtime/store/*.c)))
-# What a program that embeds berth links after libberth.a and libplimsoll.a.
-RT_LIBS   = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS)
+RT_SRC   := $(sort $(wildcard runtime/core/*.c runtime/models/*.c runtime/store/*.c))
+FACES_SRC := $(sort $(filter-out runtime/faces/main.c,$(wildcard runtime/faces/*.c)))
+FACES_OBJ := $(FACES_SRC:%.c=$(BUILD)/obj/%.o)
+# What a program that embeds berth links after libberth.a and libplimsoll.a; the
+# berth program's faces add libmicrohttpd (serve) and readline (chat).
+RT_LIBS   = $(LUA_LIBS) $(STORE_LIBS) $(LDLIBS)
+FACES_LIBS = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS)
 # (-iquote: a project header never hides a system one, such as providers/seccomp.h.)
 DIR_lib      = -iquote lib
 DIR_httpd    = -iquote httpd
 DIR_sandboxd = -iquote lib -iquote httpd $(SBX_DIRS:%=-iquote %)
-DIR_runtime  = -iquote lib -iquote httpd -iquote runtime $(LUA_CFLAGS) $(PQ_CFLAGS)
+# runtime/'s sub-folders: libberth's (core, models, store) see lib/ and one another;
+# faces/ sees those and httpd/; the Lua module (module/) the core's Lua glue only.
+DIR_runtime/core   = -iquote lib -iquote runtime/core -iquote runtime/models -iquote runtime \
+                     $(LUA_CFLAGS) $(PQ_CFLAGS)
+DIR_runtime/models = $(DIR_runtime/core)
+DIR_runtime/store  = $(DIR_runtime/core)
+DIR_runtime/faces  = $(DIR_runtime/core) -iquote httpd -iquote runtime/faces
+DIR_runtime/module = -iquote lib -iquote runtime/core $(LUA_CFLAGS)
+DIR_runtime  = $(DIR_runtime/faces)
 DIR_tests    = $(DIR_runtime) -iquote tests/lib
 DIR_bench    = $(DIR_tests)
 RT_OBJ   := $(RT_SRC:%.c=$(BUILD)/obj/%.o)
@@ -76,7 +90,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 FORCE:
 .PHONY: FORCE all deps test demo bench install uninstall clean check-asan check-valgrind fuzz
-RT_TARGETS := $(if $(wildcard runtime/main.c),$(BUILD)/libberth.a $(BUILD)/libberth.so \
+RT_TARGETS := $(if $(wildcard runtime/faces/main.c),$(BUILD)/libberth.a $(BUILD)/libberth.so \
                 $(BUILD)/berth $(BUILD)/berth.pc) \
               $(if $(MOD_SRC),$(BUILD)/lua/plimsoll.so) $(EXAMPLE_BIN)
 all: $(BUILD)/libplimsoll.a $(BUILD)/libplimsoll.so $(BUILD)/sandboxd $(BUILD)/plimsoll.pc $(RT_TARGETS)
@@ -90,10 +104,12 @@ deps:
 	    { echo "make deps: apt-get failed for:" $$missing >&2; exit 1; }; \
 	fi
 
-# The include paths of a source file are its top folder's (DIR_<folder>).
+# The include paths of a source file are its folder's: DIR_<top>/<sub> where one is
+# set (runtime/core, ...), else DIR_<top>.
+dir_of = $(or $(DIR_$(word 1,$(subst /, ,$1))/$(word 2,$(subst /, ,$1))),$(DIR_$(word 1,$(subst /, ,$1))))
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(DIR_$(firstword $(subst /, ,$*))) $(CFLAGS) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(call dir_of,$*) $(CFLAGS) -c $< -o $@
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
@@ -102,30 +118,36 @@ sandboxd/inside/kernels.c: sandboxd/inside/kernels/kernel.py sandboxd/inside/ker
                            sandboxd/inside/kernels/embed.py tools/c_embed.py
 	python3 sandboxd/inside/kernels/embed.py
 
-# The page of berth serve likewise: runtime/web/*.{html,js,css} as C strings.
-runtime/web/assets.c: runtime/web/index.html runtime/web/app.js runtime/web/style.css \
-                      runtime/web/embed.py tools/c_embed.py
-	python3 runtime/web/embed.py
-$(BUILD)/obj/runtime/web.o: runtime/web/assets.c
+# The page of berth serve likewise: runtime/faces/web/*.{html,js,css} as C strings.
+runtime/faces/web/assets.c: runtime/faces/web/index.html runtime/faces/web/app.js \
+                            runtime/faces/web/style.css runtime/faces/web/embed.py tools/c_embed.py
+	python3 runtime/faces/web/embed.py
+$(BUILD)/obj/runtime/faces/web.o: runtime/faces/web/assets.c
 
-$(BUILD)/libberth.a: $(RT_OBJ) $(HTTPD_OBJ)
+$(BUILD)/libberth.a: $(RT_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The berth program's faces, apart from main.o so tests link them too (not installed).
+$(BUILD)/berth-faces.a: $(FACES_OBJ) $(HTTPD_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
 # The shared libberth exports the functions of its public headers (berth.h, model.h)
 # and needs libplimsoll.so.0.
-$(BUILD)/berth.map: runtime/berth.h runtime/model.h
+$(BUILD)/berth.map: runtime/core/berth.h runtime/models/model.h
 	@mkdir -p $(dir $@)
 	@{ echo '{ global:'; grep -ohE '\bberth_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
 	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
 
-$(BUILD)/libberth.so: $(RT_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.so $(BUILD)/berth.map
+$(BUILD)/libberth.so: $(RT_OBJ) $(BUILD)/libplimsoll.so $(BUILD)/berth.map
 	$(CC) -shared -Wl,-soname,libberth.so.0 -Wl,--version-script=$(BUILD)/berth.map \
-	  -o $@ $(RT_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.so $(LDFLAGS) $(RT_LIBS)
+	  -o $@ $(RT_OBJ) $(BUILD)/libplimsoll.so $(LDFLAGS) $(RT_LIBS)
 
 # -Wl,-E exports Lua's API from the binary, so C modules such as cjson load.
-$(BUILD)/berth: $(BUILD)/obj/runtime/main.o $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
-	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(RT_LIBS)
+$(BUILD)/berth: $(BUILD)/obj/runtime/faces/main.o $(BUILD)/berth-faces.a $(BUILD)/libberth.a \
+               $(BUILD)/libplimsoll.a
+	$(CC) $(LDFLAGS) -Wl,-E -o $@ $^ $(FACES_LIBS)
 
 $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
@@ -133,7 +155,7 @@ $(BUILD)/lua/plimsoll.so: $(MOD_OBJ) $(BUILD)/libplimsoll.a
 
 $(BUILD)/examples/%: runtime/examples/%.c $(BUILD)/libberth.a $(BUILD)/libplimsoll.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_runtime) $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(RT_LIBS)
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_runtime/core) $(CFLAGS) -Wl,-E -o $@ $< $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(RT_LIBS)
 
 $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 	@rm -f $@
@@ -165,9 +187,10 @@ $(BUILD)/berth.pc: runtime/berth.pc.in $(BERTH_PC_STALE)
 $(BUILD)/sandboxd: $(SBX_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.a
 	$(CC) $(LDFLAGS) -o $@ $(SBX_OBJ) $(HTTPD_OBJ) $(BUILD)/libplimsoll.a $(MHDLIBS) $(LDLIBS) -lseccomp
 
-$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
+$(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a \
+                  $(BUILD)/berth-faces.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_tests) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(RT_LIBS) -lcmocka
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_tests) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/berth-faces.a $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(FACES_LIBS) -lcmocka
 
 $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
 	@mkdir -p $(dir $@)
@@ -217,8 +240,8 @@ FUZZ_SECONDS ?= 30
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
 FUZZ_SRCS_fuzz_frames := sandboxd/inside/frames.c
-FUZZ_SRCS_fuzz_scripted := $(RT_SRC) $(HTTPD_SRC)
-FUZZ_SRCS_fuzz_serve := $(RT_SRC) $(HTTPD_SRC)
+FUZZ_SRCS_fuzz_scripted := $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC)
+FUZZ_SRCS_fuzz_serve := $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC)
 FUZZ_CFLAGS_fuzz_frames = -iquote sandboxd/inside
 FUZZ_CFLAGS_fuzz_request = $(SBX_DIRS:%=-iquote %)
 FUZZ_CFLAGS_fuzz_scripted = $(DIR_runtime)
@@ -226,7 +249,8 @@ FUZZ_CFLAGS_fuzz_serve = $(DIR_runtime)
 FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
 FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
 build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/inside/*.h)
-build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(HTTPD_SRC) $(wildcard runtime/*.h httpd/*.h)
+build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC) \
+                                                $(wildcard runtime/*/*.h httpd/*.h)
 build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -iquote lib $(FUZZ_CFLAGS_$*) \
@@ -259,7 +283,7 @@ FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzzreplay/%)
 $(foreach h,$(FUZZ_SRC:tests/fuzz/%.c=%),$(eval \
   $(BUILD)/fuzzreplay/$(h): $(FUZZ_SRCS_$(h):%.c=$(BUILD)/obj/%.o)))
 $(BUILD)/fuzzreplay/%: tests/fuzz/%.c tests/fuzz/replay.c $(BUILD)/libplimsoll.a \
-                       $(wildcard runtime/*.[ch] $(SBX_DIRS:%=%/*.[ch]))
+                       $(wildcard runtime/*/*.[ch] $(SBX_DIRS:%=%/*.[ch]))
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d -iquote lib $(FUZZ_CFLAGS_$*) $(CFLAGS) -DREPLAY_NAME='"$*"' \
 	  -DREPLAY_DIR='"$(CURDIR)/tests/fuzz"' -o $@ $< tests/fuzz/replay.c \
@@ -281,8 +305,8 @@ install: all
 	install -m 755 $(BUILD)/libberth.so $(D)/lib/libberth.so.0
 	ln -sf libplimsoll.so.0 $(D)/lib/libplimsoll.so
 	ln -sf libberth.so.0 $(D)/lib/libberth.so
-	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h runtime/berth.h $(D)/include/
-	install -m 644 runtime/model.h $(D)/include/berth_model.h
+	install -m 644 lib/plimsoll.h lib/plimsoll_sandboxes.h runtime/core/berth.h $(D)/include/
+	install -m 644 runtime/models/model.h $(D)/include/berth_model.h
 	install -m 644 $(BUILD)/plimsoll.pc $(BUILD)/berth.pc $(D)/lib/pkgconfig/
 	install -m 755 $(BUILD)/sandboxd $(BUILD)/berth $(D)/bin/
 	install -m 644 sandboxd/sandboxd.8 $(D)/share/man/man8/

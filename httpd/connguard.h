@@ -1,7 +1,7 @@
 /*
  * connguard.h — bounds the connections of a libmicrohttpd server on a libev loop, so
  * that a flood of idle connections cannot lock callers out.  sandboxd (http.c) and
- * `berth serve` (runtime/serve.c) both use it: httpd/ is what the two servers share.
+ * `berth serve` (runtime/faces/serve.c) both use it: httpd/ is what the two servers share.
  *
  * Every connection starts untrusted, with a deadline (the header timeout).  The server
  * trusts it once it sent a request the server accepted (an authenticated one); an

@@ -1,7 +1,7 @@
 /*
  * curl_ev.h — one libcurl multi handle driven by a libev loop (the shape of curl's
  * evhiperfifo example), shared by libplimsoll's transport (transport.c) and berth's
- * model-provider client (runtime/http.c).  Internal: not part of plimsoll.h, not
+ * model-provider client (runtime/models/http.c).  Internal: not part of plimsoll.h, not
  * installed.
  *
  * Pitfalls this driver is written around (docs/architecture.md §4.1):

@@ -1,18 +1,18 @@
 #!/bin/sh
-# test_browser.sh — the page of `berth serve` (runtime/web/) in headless Chromium
+# test_browser.sh — the page of `berth serve` (runtime/faces/web/) in headless Chromium
 # (Debian's chromium, driven by Debian's python3-selenium through Debian's chromedriver,
 # all installed by `make deps`; nothing is downloaded) against a real berth serve
 # and sandboxd (provider $BERTH_PROVIDER, default bwrap) with the scripted model.
 # tests/browser/test_page.py prints the cmocka-style lines tests/run.sh counts;
 # screenshots at 1280 and 360 px go to $BUILD/browser/.  Also checks that
-# runtime/web/assets.c was regenerated from the page's files.
+# runtime/faces/web/assets.c was regenerated from the page's files.
 set -u
 BUILD=${BUILD:-build}
 export BUILD
 . tests/lib/shtest.sh
 
 test_assets_c_is_generated_from_the_page() {
-    python3 runtime/web/embed.py --check
+    python3 runtime/faces/web/embed.py --check
 }
 run assets_c_is_generated_from_the_page
 echo "[  PASSED  ] $passed test(s)."

@@ -1,5 +1,5 @@
 /*
- * test_embed.c — the C embedding API (runtime/berth.h) as a game server uses it: typed
+ * test_embed.c — the C embedding API (runtime/core/berth.h) as a game server uses it: typed
  * callbacks in order, errors as values, limits with queueing and "capacity", a
  * shutdown that drains (or cancels after its grace) and disposes, several hosts in
  * one process, and what an idle conversation costs.  Tool calls run against a real

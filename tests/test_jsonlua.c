@@ -1,5 +1,5 @@
 /*
- * test_jsonlua.c — the jansson <-> Lua bridge (runtime/jsonlua.c) and the `json`
+ * test_jsonlua.c — the jansson <-> Lua bridge (runtime/core/jsonlua.c) and the `json`
  * module built on it: integers exact, [] kept apart from {}, nesting, 64-bit and
  * too-big integers, NUL bytes and ill-formed UTF-8, errors that name their path and
  * leak nothing (run under valgrind).

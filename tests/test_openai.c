@@ -1,5 +1,5 @@
 /*
- * test_openai.c — the `openai` model adapter (runtime/model_openai.c), through a
+ * test_openai.c — the `openai` model adapter (runtime/models/model_openai.c), through a
  * real host whose hooks call model.chat, against tests/fake_openai.py (a local server
  * speaking the chat-completions chunk format, with faults chosen per request by the
  * URL path and requests counted per tag); the stream assembler alone on crafted

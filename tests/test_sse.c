@@ -1,5 +1,5 @@
 /*
- * test_sse.c — the server-sent events parser alone (runtime/sse.c): the line and
+ * test_sse.c — the server-sent events parser alone (runtime/models/sse.c): the line and
  * field rules of the event-stream format, and that any way of cutting the input into
  * pieces gives exactly the events of the whole.
  */

@@ -1,6 +1,6 @@
 """c_embed.py — files as C string literals, for the programs that carry text in their
 binary: sandboxd's interpreter kernels (sandboxd/inside/kernels/embed.py) and berth
-serve's page (runtime/web/embed.py).  Each of those renders its C file with `literal`
+serve's page (runtime/faces/web/embed.py).  Each of those renders its C file with `literal`
 and hands it to `write_or_check`.
 """
 import sys

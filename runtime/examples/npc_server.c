@@ -1,6 +1,6 @@
 /*
  * npc_server.c — a game server hosting NPC agents with the berth embedding API
- * (runtime/berth.h): one host on the game's libev loop, one conversation per NPC,
+ * (runtime/core/berth.h): one host on the game's libev loop, one conversation per NPC,
  * each with its own persona (ctx.metadata) and its own memory kept in its own sandbox
  * (scripts/npc.lua), driven by a scripted model (scripts/npc_model.lua).
  *
@@ -361,7 +361,7 @@ int main(int argc, char **argv)
       case O_QUIET: g.quiet = true; break;
       case O_STORE: store_url = optarg; break;
       case O_HELP: fputs(usage, stdout); return 0;
-      case O_VERSION:           /* as `berth --version` (runtime/cli.c) */
+      case O_VERSION:           /* as `berth --version` (runtime/faces/cli.c) */
         printf("npc_server (berth %s, libplimsoll %s, protocol %d, %s)\n", BERTH_VERSION,
                PLIMSOLL_VERSION, PLIMSOLL_PROTOCOL, LUA_RELEASE);
         return 0;

@@ -3,4 +3,4 @@
  * module links libplimsoll but not libberth, and must convert the tool's parameters
  * exactly as the host does.
  */
-#include "../jsonlua.c"
+#include "../core/jsonlua.c"

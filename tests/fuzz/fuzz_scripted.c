@@ -1,5 +1,5 @@
 /*
- * fuzz_scripted.c — the scripted model's conversation files (runtime/model_scripted.c):
+ * fuzz_scripted.c — the scripted model's conversation files (runtime/models/model_scripted.c):
  * berth_script_load on any file, then, when it loads, the script played through the
  * model the way a replay plays it: every user turn sent, every tool call answered, the
  * expectations checked, the play finished.  A script is read as JSON when it starts

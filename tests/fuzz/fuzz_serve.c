@@ -1,5 +1,5 @@
 /*
- * fuzz_serve.c — the request bodies of `berth serve` (runtime/serve.c): any bytes a
+ * fuzz_serve.c — the request bodies of `berth serve` (runtime/faces/serve.c): any bytes a
  * caller can POST, decoded as the body of POST /v1/conversations and of POST
  * /v1/conversations/{id}/messages by the functions the server calls.
  *

@@ -1,6 +1,6 @@
 /*
- * fuzz_sse.c — the server-sent events parser (runtime/sse.c) and the chat-completions
- * stream assembler behind the openai model (runtime/openai_stream.c), on arbitrary
+ * fuzz_sse.c — the server-sent events parser (runtime/models/sse.c) and the chat-completions
+ * stream assembler behind the openai model (runtime/models/openai_stream.c), on arbitrary
  * bytes fed in arbitrary pieces.  Nothing may crash, leak or read out of bounds, and
  * the parser's events must not depend on where the input was cut: the events of a
  * split feed (pieces of 1..64 bytes, chosen from a hash of the input, and byte by
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../runtime/sse.c"
-#include "../../runtime/openai_stream.c"
+#include "../../runtime/models/sse.c"
+#include "../../runtime/models/openai_stream.c"
 
 #define FUZZ_MAX_EVENT 4096     /* small, so the size limits are reached too */
 

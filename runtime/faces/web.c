@@ -1,7 +1,7 @@
 /*
- * web.c — serves the page of `berth serve`: runtime/web/index.html, app.js and
- * style.css, carried as C strings (runtime/web/assets.c, written by
- * runtime/web/embed.py), so the page works offline with nothing beside the binary.
+ * web.c — serves the page of `berth serve`: runtime/faces/web/index.html, app.js and
+ * style.css, carried as C strings (runtime/faces/web/assets.c, written by
+ * runtime/faces/web/embed.py), so the page works offline with nothing beside the binary.
  *
  * Headers: the content type, an ETag (a digest of the file) with Cache-Control
  * no-cache (a browser revalidates, and gets 304 until the binary changes), and a

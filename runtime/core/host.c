@@ -11,7 +11,7 @@
  * coroutine, where a memory error is an ordinary Lua error.
  */
 #include "runtime.h"
-#include "cli.h"                /* berth_default_floor */
+#include "local_sandboxd.h"     /* berth_default_floor */
 #include "jsonlua.h"
 #include "store/store.h"
 

@@ -1,6 +1,7 @@
 /*
- * cli.h — the berth command (cli.c) and what its faces share: a local sandboxd
- * started and stopped by berth (daemon.c) and the transcript printer (transcript.c).
+ * cli.h — the berth command (cli.c) and what its faces share: what a daemon's Describe
+ * says (daemon_facts.c) and the transcript printer (transcript.c).  The local sandboxd
+ * they start is the core's (local_sandboxd.h), as embedders' is.
  */
 #ifndef BERTH_CLI_H
 #define BERTH_CLI_H
@@ -13,6 +14,7 @@
 #include <jansson.h>
 
 #include "berth.h"
+#include "local_sandboxd.h"   /* core: the local sandboxd, the floor */
 
 int berth_cli_main(int argc, char **argv);
 /* `berth serve` (serve.c). */
@@ -31,45 +33,7 @@ char *berth_serve_create_body(const char *body, size_t len, berth_serve_create *
 char *berth_serve_message_body(const char *body, size_t len, json_t **out,
                                const char **content);
 
-/* The directory of the shipped scripts (code_chat.lua): $BERTH_SCRIPTS, else next to
- * the executable (../scripts, ../share/berth/scripts).  malloc'd, or NULL. */
-char *berth_find_scripts_dir(void);
-
-/* The floor a face uses without --minimum-isolation: "container" for a daemon reached
- * over cleartext http, which the client allows only to loopback (a daemon on this
- * machine: local development), else "kernel" (https: a production daemon). */
-const char *berth_default_floor(const char *daemon_url);
-
-/* {====================================================== local daemon */
-
-typedef struct berth_daemon {
-  pid_t pid;
-  int out_fd;                   /* its stdout, kept open so late writes cannot fail */
-  char url[256];
-  char token[80];
-  char token_file[64];
-  /* How it was started, to start it again (berth_daemon_watch). */
-  char *prog, *provider;
-  bool verbose;
-  struct ev_loop *loop;         /* non-NULL while watched */
-  ev_child child;
-  ev_timer retry;
-  double retry_after;           /* seconds before the next attempt */
-  unsigned restarts;
-} berth_daemon;
-
-/* Starts `sandboxd --listen 127.0.0.1:0 --token-file <new file> --provider provider`
- * (path NULL: $BERTH_SANDBOXD, else next to berth, else PATH) and reads its one
- * `listening URL` line (bounded wait).  Returns 0, or -1 with a message on stderr. */
-int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, bool verbose);
-/* SIGTERM, bounded wait for the drain, SIGKILL if it hangs; removes the token file. */
-void berth_daemon_stop(berth_daemon *d);
-/* Keeps it running on `loop` (libev's default loop: child watchers live there): when
- * it dies, it is started again (logged) on the same address with the same token, so
- * the host's client needs no change, and each conversation's next call opens a fresh
- * sandbox (its session is gone with the old daemon).  A start that fails is retried
- * (1 s, doubling to 30 s).  The watch does not keep the loop running. */
-void berth_daemon_watch(berth_daemon *d, struct ev_loop *loop);
+/* {====================================================== daemons */
 
 /* What a daemon's Describe says of where code runs (malloc'd strings; NULL when it
  * does not say).  The provider's name: "echo" runs no code, and the faces say so. */

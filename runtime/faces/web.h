@@ -1,5 +1,5 @@
 /*
- * web.h — the page of `berth serve` (runtime/web/): its files, built into the binary.
+ * web.h — the page of `berth serve` (runtime/faces/web/): its files, built into the binary.
  */
 #ifndef BERTH_WEB_H
 #define BERTH_WEB_H
