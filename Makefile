@@ -163,8 +163,9 @@ $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 
 # Only the public API leaves the shared library: a version script lists every plm_
 # function the public headers declare, and curl_ev.h's (the curl-on-libev driver that
-# libberth's model client shares); the rest of lib/ (internal.h) stays local.
-$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h
+# libberth's model client shares) and idmap.h's (the one id hash table); the rest of
+# lib/ (internal.h) stays local.
+$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h lib/idmap.h
 	@mkdir -p $(dir $@)
 	@{ echo '{ global:'; grep -ohE '\bplm_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
 	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
@@ -244,6 +245,7 @@ FUZZ_SRCS_fuzz_scripted := $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC)
 FUZZ_SRCS_fuzz_serve := $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC)
 FUZZ_CFLAGS_fuzz_frames = -iquote sandboxd/inside
 FUZZ_CFLAGS_fuzz_request = $(SBX_DIRS:%=-iquote %)
+FUZZ_CFLAGS_fuzz_sse = -iquote runtime/core -iquote runtime/models
 FUZZ_CFLAGS_fuzz_scripted = $(DIR_runtime)
 FUZZ_CFLAGS_fuzz_serve = $(DIR_runtime)
 FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)

@@ -37,9 +37,7 @@ static plm_error *bad_url(const char *why)
     return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE, "plimsoll: baseUrl %s", why);
 }
 
-/* Loopback is exactly localhost, ::1, or an IPv4 address starting with 127.: a domain
- * name such as 127.evil.example does not count. */
-static bool loopback_host(const char *host)
+bool plm_loopback_host(const char *host)
 {
     struct in_addr a4;
     if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||
@@ -70,7 +68,7 @@ static plm_error *check_base_url(const char *url, bool insecure, char **out)
     } else if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK ||
                curl_url_get(u, CURLUPART_PASSWORD, &password, 0) == CURLUE_OK) {
         e = bad_url("must not carry userinfo");
-    } else if (strcmp(scheme, "http") == 0 && !insecure && !loopback_host(host)) {
+    } else if (strcmp(scheme, "http") == 0 && !insecure && !plm_loopback_host(host)) {
         e = bad_url("uses cleartext http to a non-loopback host; use https, or set "
                     "insecureHttp to allow it");
     }

@@ -117,14 +117,31 @@ static bool enc_begin(enc *e, const char *domain)
     return true;
 }
 
-static void to_hex(const unsigned char *d, size_t n, char *hex)
+void plm_hex_encode(const void *data, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
+    const unsigned char *d = data;
     for (size_t i = 0; i < n; i++) {
-        hex[2 * i] = digits[d[i] >> 4];
-        hex[2 * i + 1] = digits[d[i] & 15];
+        out[2 * i] = digits[d[i] >> 4];
+        out[2 * i + 1] = digits[d[i] & 15];
     }
-    hex[2 * n] = '\0';
+    out[2 * n] = '\0';
+}
+
+unsigned char *plm_dsse_pae(const char *type, const void *payload, size_t len,
+                            size_t *out_len)
+{
+    char head[160];
+    int h = snprintf(head, sizeof head, "DSSEv1 %zu %s %zu ", strlen(type), type, len);
+    if (h < 0 || (size_t)h >= sizeof head)
+        return NULL;
+    unsigned char *pae = malloc((size_t)h + len + 1);
+    if (!pae)
+        return NULL;
+    memcpy(pae, head, (size_t)h);
+    memcpy(pae + h, payload, len);
+    *out_len = (size_t)h + len;
+    return pae;
 }
 
 static plm_error *enc_end(enc *e, plm_hex hex)
@@ -139,7 +156,7 @@ static plm_error *enc_end(enc *e, plm_hex hex)
         hex[0] = '\0';
         return e->err;
     }
-    to_hex(md, 32, hex);
+    plm_hex_encode(md, 32, hex);
     return NULL;
 }
 
@@ -152,7 +169,7 @@ void plm_sha256_hex(const void *data, size_t len, plm_hex hex)
     if (!data)
         len = 0;
     EVP_Digest(data, len, md, &n, EVP_sha256(), NULL);
-    to_hex(md, 32, hex);
+    plm_hex_encode(md, 32, hex);
 }
 
 /* ---------------------------------------------------------------- JSON fields */
@@ -576,7 +593,7 @@ char *plm_software_rule_id(const json_t *rule)
         }
         EVP_DigestFinal_ex(ctx, md, NULL);
         EVP_MD_CTX_free(ctx);
-        to_hex(md, 32, hex);
+        plm_hex_encode(md, 32, hex);
         out = plm_printf("approved:sha256:%s", hex);
     }
     free(list);
@@ -626,7 +643,7 @@ void plm_owner_digest(const char *token, const char *owner, plm_hex hex)
     memcpy(msg + sizeof msg_prefix - 1, owner ? owner : "", olen);
     HMAC(EVP_sha256(), key, sizeof key, msg, sizeof msg_prefix - 1 + olen, mac, &n);
     free(msg);
-    to_hex(mac, 32, hex);
+    plm_hex_encode(mac, 32, hex);
 }
 
 int plm_tier_rank(const char *tier)

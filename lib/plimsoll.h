@@ -166,6 +166,18 @@ plm_error *plm_result_digest(const json_t *response, plm_hex hex);
 plm_error *plm_record_digest(const plm_record *rec, plm_hex hex);
 /* Lowercase hex SHA-256 of bytes (a session fingerprint is this over the id). */
 void plm_sha256_hex(const void *data, size_t len, plm_hex hex);
+/* Lowercase hex of n bytes into out, which holds 2n + 1 (NUL-terminated). */
+void plm_hex_encode(const void *data, size_t n, char *out);
+/* DSSE's pre-authentication encoding, the bytes a signed record's envelope signs:
+ * "DSSEv1 <len(type)> <type> <len> <payload>".  malloc'd (*out_len bytes), or NULL
+ * when out of memory. */
+unsigned char *plm_dsse_pae(const char *type, const void *payload, size_t len,
+                            size_t *out_len);
+/* Whether a URL's host is loopback: exactly "localhost", "::1" ("[::1]") or an IPv4
+ * address 127.x.y.z (a name such as 127.evil.example is not).  The one rule for where
+ * cleartext http may go (PLM_OPT insecure_http aside), which berth's model client and
+ * serve's warning share. */
+bool plm_loopback_host(const char *host);
 /* softwareRuleId of a SoftwareRule in JSON form (NULL or mode "" = no rule, "").
  * Returns a malloc'd string, or NULL when the rule is malformed. */
 char *plm_software_rule_id(const json_t *rule);

@@ -20,6 +20,7 @@
  */
 #include "internal.h"
 #include "sandboxes_internal.h"
+#include "idmap.h"
 
 #include <ev.h>
 #include <stdio.h>
@@ -99,6 +100,7 @@ struct entry {
     char *owner, *conversation;
     plm_key key;                /* the key as passed, for the close-error reporter */
     bool current;               /* in the map (the caps count it) */
+    plm_idmap_node mapped;      /* in the map, under `id`, while current */
     bool detached;              /* its instance was freed while the open was in flight */
     node link;                  /* in the instance's list of every entry not yet freed */
     uint64_t used;              /* the logical clock when a call last started or ended */
@@ -201,6 +203,7 @@ struct plm_sandboxes {
     struct describe_op *describe; /* the Describe in flight */
     node *entries;              /* every entry; the map is those `current` (the caps scan it) */
     size_t n_entries;           /* current ones */
+    plm_idmap map;              /* the current ones by id */
     uint64_t clock;
     node *calls, *groups, *persists;
     bool freeing;
@@ -391,6 +394,7 @@ plm_error *plm_sandboxes_new(const plm_sandboxes_options *o, plm_sandboxes **out
     sb->client = o->client;
     sb->loop = plm_client_loop(o->client);
     sb->mode = o->sessions;
+    plm_idmap_init(&sb->map);
     const char *const *langs = o->n_languages ? o->languages : default_languages;
     size_t n = o->n_languages ? o->n_languages : PLM_ARRAY_LEN(default_languages);
     bool ok = (sb->languages = calloc(n, sizeof *sb->languages)) != NULL;
@@ -611,11 +615,8 @@ plm_error *plm_sandboxes_persistent(plm_sandboxes *sb, plm_bool_cb cb, void *ud)
 
 static entry *lookup(const plm_sandboxes *sb, const char *id)
 {
-    FOR_ENTRIES(sb, e) {
-        if (e->current && strcmp(e->id, id) == 0)
-            return e;
-    }
-    return NULL;
+    plm_idmap_node *n = plm_idmap_get(&sb->map, id);
+    return n ? PLM_IDMAP_OWNER(n, entry, mapped) : NULL;
 }
 
 /* In the map, and the owner's when `owner` is set. */
@@ -702,6 +703,7 @@ static void unlink_entry(entry *e)
         return;
     e->current = false;
     e->sb->n_entries--;
+    plm_idmap_remove(&e->sb->map, &e->mapped);
     idle_disarm(e);
 }
 
@@ -945,6 +947,14 @@ static entry *entry_new(plm_sandboxes *sb, const char *id, const char *owner,
     }
     e->key.owner = e->owner;
     e->key.conversation = e->conversation;
+    e->mapped.key = e->id;
+    if (!plm_idmap_put(&sb->map, &e->mapped)) {
+        free(e->id);
+        free(e->owner);
+        free(e->conversation);
+        free(e);
+        return NULL;
+    }
     ev_timer_init(&e->idle, idle_cb, 0., 0.);
     e->idle.data = e;
     ev_timer_init(&e->later, closed_later, 0., 0.);
@@ -1665,6 +1675,7 @@ void plm_sandboxes_free(plm_sandboxes *sb)
         if (e->state != E_OPENING)
             entry_destroy(e); /* an open in flight finds the entry detached, and frees it */
     }
+    plm_idmap_free(&sb->map);   /* (its entries went above, or go with their open) */
     plm_info_free(sb->info);
     plm_error_free(sb->describe_err);
     for (size_t i = 0; sb->languages && i < sb->n_languages; i++)

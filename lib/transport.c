@@ -354,14 +354,9 @@ void plm_http_free(plm_http *h)
 static void new_request_id(char out[33])
 {
     unsigned char b[16];
-    static const char digits[] = "0123456789abcdef";
     if (RAND_bytes(b, sizeof b) != 1)
         abort(); /* no randomness: refusing to run beats reusing ids */
-    for (int i = 0; i < 16; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[32] = '\0';
+    plm_hex_encode(b, sizeof b, out);
 }
 
 int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cancel,

@@ -20,6 +20,7 @@
  * conversation holds no slot, no coroutine and no timer but its idle timer.
  */
 #include "runtime.h"
+#include "xalloc.h"
 #include "jsonlua.h"
 #include "store/store.h"
 
@@ -306,10 +307,10 @@ static bool store_save(berth_conv *c, bool ctx)
       lua_pop(L, 1);
       ctx = false;
     } else {
-      state = lua_isstring(L, -4) ? strdup(lua_tostring(L, -4)) : NULL;
+      state = lua_isstring(L, -4) ? berth_xstrdup(lua_tostring(L, -4)) : NULL;
       bool rewrite = lua_toboolean(L, -2);
       size_t n = (size_t)luaL_len(L, -1);
-      const char **texts = calloc(n ? n : 1, sizeof *texts);
+      const char **texts = berth_xcalloc(n ? n : 1, sizeof *texts);
       for (size_t i = 0; i < n; i++) {
         lua_rawgeti(L, -1, (lua_Integer)i + 1);
         texts[i] = lua_tostring(L, -1);
@@ -418,7 +419,7 @@ static void unload_when_stored(berth_conv *c)
 {
   if (c->unload || c->unloaded)
     return;
-  unload_wait *u = calloc(1, sizeof *u);
+  unload_wait *u = berth_xcalloc(1, sizeof *u);
   u->c = c;
   c->unload = u;
   berth_store_sync(store_of(c), on_suspend_stored, u);
@@ -835,10 +836,10 @@ void berth_conv_cancel_all(berth_host *h)
 static berth_conv *conv_create(berth_host *h, const char *run_id, const char *user_id,
                                const json_t *metadata, void *ud)
 {
-  berth_conv *c = calloc(1, sizeof *c);
+  berth_conv *c = berth_xcalloc(1, sizeof *c);
   c->h = h;
-  c->run_id = strdup(run_id);
-  c->user_id = user_id ? strdup(user_id) : NULL;
+  c->run_id = berth_xstrdup(run_id);
+  c->user_id = user_id ? berth_xstrdup(user_id) : NULL;
   c->ud = ud;
   c->created_ms = berth_store_now_ms();
   if (metadata)
@@ -922,8 +923,8 @@ static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
   berth_conv *c = conv_create(h, rec->run_id, rec->owner, json_is_object(meta) ? meta : NULL,
                               o->ud);
   json_decref(meta);
-  c->sid = strdup(rec->id);
-  c->caller = strdup(rec->caller ? rec->caller : "");
+  c->sid = berth_xstrdup(rec->id);
+  c->caller = berth_xstrdup(rec->caller ? rec->caller : "");
   c->created_ms = rec->created_ms;
   c->turns = c->accepted = rec->turns;
   c->last_event = last;
@@ -947,7 +948,7 @@ static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
   }
   berth_store_texts_free(texts, n);
   c->stored_msgs = (uint32_t)n;
-  c->state = rec->state ? strdup(rec->state) : NULL;
+  c->state = rec->state ? berth_xstrdup(rec->state) : NULL;
   berth_conv_push_ctx(L, c);
   lua_getfield(L, -1, "messages");
   c->stored_tbl = lua_topointer(L, -1);
@@ -1022,8 +1023,8 @@ berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_c
   }
   berth_conv *c = conv_create(h, run_id, o->user_id, o->metadata, o->ud);
   if (h->o.store) {
-    c->sid = strdup(o->store_id ? o->store_id : run_id);
-    c->caller = strdup(o->caller ? o->caller : "");
+    c->sid = berth_xstrdup(o->store_id ? o->store_id : run_id);
+    c->caller = berth_xstrdup(o->caller ? o->caller : "");
     store_save(c, true);
   }
   *out = c;
@@ -1107,7 +1108,7 @@ static berth_error *conv_message(berth_conv *c, const char *message,
                                        "retry later", h->o.max_queued_messages);
   }
   size_t n = strlen(message);
-  msg *m = malloc(sizeof *m + n + 1);
+  msg *m = berth_xmalloc(sizeof *m + n + 1);
   m->next = NULL;
   m->at = berth_clock();
   m->durable = true;
@@ -1132,7 +1133,7 @@ static berth_error *conv_message(berth_conv *c, const char *message,
     berth_conv_record_event(c, "user", data);
     json_decref(data);
     store_save(c, false);
-    ticket *t = calloc(1, sizeof *t);
+    ticket *t = berth_xcalloc(1, sizeof *t);
     t->c = c;
     t->m = m;
     t->stored = stored;
@@ -1224,7 +1225,7 @@ void berth_conv_set_warmed(berth_conv *c, const char *run_id)
   if (c->warmed && strcmp(c->warmed, run_id) == 0)
     return;
   free(c->warmed);
-  c->warmed = strdup(run_id);
+  c->warmed = berth_xstrdup(run_id);
 }
 
 void berth_conv_free(berth_conv *c)

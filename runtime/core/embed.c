@@ -3,6 +3,7 @@
  * latencies are measured with, and error-value forms of the constructors.
  */
 #include "runtime.h"
+#include "xalloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,9 +13,7 @@
 
 berth_error *berth_error_new(const char *code, const char *fmt, ...)
 {
-  berth_error *e = malloc(sizeof *e);
-  if (!e)
-    return NULL;                /* callers treat NULL as success: see below */
+  berth_error *e = berth_xmalloc(sizeof *e);
   e->code = code;
   va_list ap;
   va_start(ap, fmt);

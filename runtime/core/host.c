@@ -11,6 +11,7 @@
  * coroutine, where a memory error is an ordinary Lua error.
  */
 #include "runtime.h"
+#include "xalloc.h"
 #include "local_sandboxd.h"     /* berth_default_floor */
 #include "jsonlua.h"
 #include "store/store.h"
@@ -333,10 +334,10 @@ berth_task *berth_task_start(berth_host *h, berth_conv *conv, const char *what, 
                              berth_task_done_fn done, void *ud)
 {
   lua_State *L = h->L;
-  berth_task *t = calloc(1, sizeof *t);
+  berth_task *t = berth_xcalloc(1, sizeof *t);
   t->h = h;
   t->conv = conv;
-  t->what = strdup(what);
+  t->what = berth_xstrdup(what);
   t->budget = h->o.instruction_budget > 0 ? h->o.instruction_budget : -1;
   t->done = done;
   t->ud = ud;
@@ -541,7 +542,7 @@ static int load_hooks(berth_host *h, char **err)
     why = lua_pushfstring(L, "%s returned a %s, not a table of hooks", h->hooks_file,
                           luaL_typename(L, -1));
   if (why) {
-    *err = strdup(why);
+    *err = berth_xstrdup(why);
     lua_pushvalue(L, old_loaded);
     lua_setfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
     lua_settop(L, top);
@@ -593,7 +594,7 @@ static char *dir_of(const char *file)
   char *real = realpath(file, NULL);
   if (!real)
     return NULL;
-  char *d = strdup(dirname(real));
+  char *d = berth_xstrdup(dirname(real));
   free(real);
   return d;
 }
@@ -635,7 +636,7 @@ static int open_state(berth_host *h, char **err)
 {
   lua_State *L = lua_newstate(berth_alloc, &h->mem);
   if (!L) {
-    *err = strdup("cannot create a Lua state (out of memory)");
+    *err = berth_xstrdup("cannot create a Lua state (out of memory)");
     return -1;
   }
   h->L = L;
@@ -681,7 +682,7 @@ static void on_close_error(void *ud, const plm_key *key, const plm_error *err)
 static int open_sandboxes(berth_host *h)
 {
   if (!h->o.daemon_url || !*h->o.daemon_url) {
-    h->env_error = strdup("no plimsoll daemon is configured (give --daemon URL, or set "
+    h->env_error = berth_xstrdup("no plimsoll daemon is configured (give --daemon URL, or set "
                           "PLIMSOLL_URL)");
     return 0;
   }
@@ -714,7 +715,7 @@ static int open_sandboxes(berth_host *h)
   }
   if (e) {
     size_t n = strlen(e->message) + 64;
-    h->env_error = malloc(n);
+    h->env_error = berth_xmalloc(n);
     snprintf(h->env_error, n, "the daemon client could not be set up: %s", e->message);
     berth_log(h, BERTH_LOG_ERROR, "%s", h->env_error);
     plm_error_free(e);
@@ -741,10 +742,11 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
   *out = NULL;
   *err = NULL;
   if (!o->loop) {
-    *err = strdup("berth_host_new: a loop is required");
+    *err = berth_xstrdup("berth_host_new: a loop is required");
     return -1;
   }
-  berth_host *h = calloc(1, sizeof *h);
+  berth_host *h = berth_xcalloc(1, sizeof *h);
+  plm_idmap_init(&h->owners);
   h->o = *o;
   h->loop = o->loop;
   h->model = o->model;
@@ -762,10 +764,10 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
   h->load_task.h = h;
   h->load_task.what = (char *)"the top level of the hooks file";
   if (o->hooks_file) {
-    h->hooks_file = strdup(o->hooks_file);
+    h->hooks_file = berth_xstrdup(o->hooks_file);
     if (access(o->hooks_file, R_OK) != 0) {
       size_t n = strlen(o->hooks_file) + 128;
-      *err = malloc(n);
+      *err = berth_xmalloc(n);
       snprintf(*err, n, "cannot read the hooks file %s: %s", o->hooks_file, strerror(errno));
       free(h->hooks_file);
       free(h);
@@ -781,16 +783,16 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
   h->lib_dir = o->lib_dir ? realpath(o->lib_dir, NULL) : NULL;
   /* Option strings are the caller's; keep copies of those used later. */
   h->o.hooks_file = h->hooks_file;
-  h->o.daemon_url = o->daemon_url ? strdup(o->daemon_url) : NULL;
-  h->o.daemon_token = o->daemon_token ? strdup(o->daemon_token) : NULL;
-  h->o.minimum_isolation = o->minimum_isolation ? strdup(o->minimum_isolation) : NULL;
+  h->o.daemon_url = o->daemon_url ? berth_xstrdup(o->daemon_url) : NULL;
+  h->o.daemon_token = o->daemon_token ? berth_xstrdup(o->daemon_token) : NULL;
+  h->o.minimum_isolation = o->minimum_isolation ? berth_xstrdup(o->minimum_isolation) : NULL;
   ev_timer_init(&h->runq, on_runq, 0., 0.);
   h->runq.data = h;
   ev_timer_init(&h->grace, on_grace, 0., 0.);
   h->grace.data = h;
   if (open_state(h, err) != 0 || open_sandboxes(h) != 0) {
     if (!*err)
-      *err = strdup(h->env_error ? h->env_error : "cannot start the host");
+      *err = berth_xstrdup(h->env_error ? h->env_error : "cannot start the host");
     berth_host_free(h);
     return -1;
   }
@@ -922,13 +924,7 @@ void berth_host_free(berth_host *h)
   if (h->L)
     lua_close(h->L);
   berth_counters_free(&h->st);
-  while (h->owners) {
-    berth_owner *o = h->owners;
-    h->owners = o->next;
-    free(o->run_id);
-    free(o->owner);
-    free(o);
-  }
+  berth_owners_free(h);
   free(h->hooks_file);
   free(h->scripts_dir);
   free(h->lib_dir);
@@ -981,7 +977,7 @@ int berth_run_file(berth_host *h, int argc, char **argv,
   }
   for (int i = 1; i < argc; i++)
     lua_pushstring(L, argv[i]);
-  file_run *r = calloc(1, sizeof *r);
+  file_run *r = berth_xcalloc(1, sizeof *r);
   r->done = done;
   r->ud = ud;
   berth_task_start(h, NULL, argv[0], argc - 1, file_done, r);

@@ -4,6 +4,7 @@
  * 0, and the daemon's own `listening URL` line (local_sandboxd.h).
  */
 #include "local_sandboxd.h"
+#include "xalloc.h"
 #include "runtime.h"  /* berth_error_new */
 
 #include <stdio.h>
@@ -44,14 +45,14 @@ static char *exe_dir(void)
   if (!slash)
     return NULL;
   *slash = '\0';
-  return strdup(buf);
+  return berth_xstrdup(buf);
 }
 
 char *berth_find_scripts_dir(void)
 {
   const char *env = getenv("BERTH_SCRIPTS");
   if (env && *env)
-    return strdup(env);
+    return berth_xstrdup(env);
   char *dir = exe_dir();
   if (!dir)
     return NULL;
@@ -72,19 +73,19 @@ char *berth_find_scripts_dir(void)
 static char *find_sandboxd(const char *path)
 {
   if (path)
-    return strdup(path);
+    return berth_xstrdup(path);
   const char *env = getenv("BERTH_SANDBOXD");
   if (env && *env)
-    return strdup(env);
+    return berth_xstrdup(env);
   char *dir = exe_dir();
   if (dir) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/sandboxd", dir);
     free(dir);
     if (access(p, X_OK) == 0)
-      return strdup(p);
+      return berth_xstrdup(p);
   }
-  return strdup("sandboxd");    /* from PATH */
+  return berth_xstrdup("sandboxd");    /* from PATH */
 }
 
 static int write_token(berth_daemon *d)
@@ -218,7 +219,7 @@ int berth_daemon_start(berth_daemon *d, const char *path, const char *provider, 
     return -1;
   }
   d->prog = find_sandboxd(path);
-  d->provider = strdup(provider);
+  d->provider = berth_xstrdup(provider);
   d->verbose = verbose;
   if (spawn(d, "127.0.0.1:0") == 0)
     return 0;
@@ -353,9 +354,7 @@ berth_error *berth_sandboxd_start(struct ev_loop *loop, const char *path,
                                   const char *provider, berth_sandboxd **out)
 {
   *out = NULL;
-  berth_sandboxd *s = calloc(1, sizeof *s);
-  if (!s)
-    return berth_error_new("resource_exhausted", "out of memory");
+  berth_sandboxd *s = berth_xcalloc(1, sizeof *s);
   if (berth_daemon_start(&s->d, path, provider ? provider : "auto", false) != 0) {
     free(s);
     return berth_error_new("unavailable", "sandboxd did not start (its messages are above)");

@@ -8,6 +8,7 @@
  * (berth_op_wait); its continuation (*_k) turns the C result into Lua values.
  */
 #include "runtime.h"
+#include "xalloc.h"
 #include "jsonlua.h"
 #include "plmlua.h"
 
@@ -18,42 +19,64 @@
 /* {====================================================== owners (H01, H07) */
 
 /* run id -> owner, kept only in the host's memory, never in a script's tables. */
+static berth_owner *owner_find(berth_host *h, const char *run_id)
+{
+  plm_idmap_node *n = plm_idmap_get(&h->owners, run_id);
+  return n ? PLM_IDMAP_OWNER(n, berth_owner, node) : NULL;
+}
+
 const char *berth_owner_get(berth_host *h, const char *run_id)
 {
-  for (berth_owner *o = h->owners; o; o = o->next)
-    if (strcmp(o->run_id, run_id) == 0)
-      return o->owner;
-  return NULL;
+  berth_owner *o = owner_find(h, run_id);
+  return o ? o->owner : NULL;
 }
 
 static void owner_set(berth_host *h, const char *run_id, const char *owner)
 {
-  for (berth_owner *o = h->owners; o; o = o->next)
-    if (strcmp(o->run_id, run_id) == 0) {
-      free(o->owner);
-      o->owner = strdup(owner);
-      return;
-    }
-  berth_owner *o = calloc(1, sizeof *o);
-  o->run_id = strdup(run_id);
-  o->owner = strdup(owner);
-  o->next = h->owners;
-  h->owners = o;
+  berth_owner *o = owner_find(h, run_id);
+  if (o) {
+    free(o->owner);
+    o->owner = berth_xstrdup(owner);
+    return;
+  }
+  o = berth_xcalloc(1, sizeof *o);
+  o->run_id = berth_xstrdup(run_id);
+  o->owner = berth_xstrdup(owner);
+  o->node.key = o->run_id;
+  if (!plm_idmap_put(&h->owners, &o->node))
+    berth_oom(sizeof o->node);
+}
+
+static void owner_free(berth_owner *o)
+{
+  free(o->run_id);
+  free(o->owner);
+  free(o);
 }
 
 /* Forgets the run's owner; returns it (malloc'd) or NULL. */
 static char *owner_take(berth_host *h, const char *run_id)
 {
-  for (berth_owner **pp = &h->owners; *pp; pp = &(*pp)->next)
-    if (strcmp((*pp)->run_id, run_id) == 0) {
-      berth_owner *o = *pp;
-      char *owner = o->owner;
-      *pp = o->next;
-      free(o->run_id);
-      free(o);
-      return owner;
-    }
-  return NULL;
+  berth_owner *o = owner_find(h, run_id);
+  if (!o)
+    return NULL;
+  plm_idmap_remove(&h->owners, &o->node);
+  char *owner = o->owner;
+  o->owner = NULL;
+  owner_free(o);
+  return owner;
+}
+
+static void drop_owner(void *ud, plm_idmap_node *n)
+{
+  plm_idmap_remove(ud, n);
+  owner_free(PLM_IDMAP_OWNER(n, berth_owner, node));
+}
+
+void berth_owners_free(berth_host *h)
+{
+  plm_idmap_each(&h->owners, drop_owner, &h->owners);
+  plm_idmap_free(&h->owners);
 }
 
 /* }====================================================== */
@@ -370,7 +393,7 @@ static const berth_op_class chat_class = {"model.chat", chat_cancel, chat_releas
 static void chat_delta(void *ud, const char *text, size_t len)
 {
   chat_op *c = ud;
-  delta *d = malloc(sizeof *d + len + 1);
+  delta *d = berth_xmalloc(sizeof *d + len + 1);
   d->next = NULL;
   d->len = len;
   memcpy(d->text, text, len);

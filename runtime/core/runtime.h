@@ -23,6 +23,7 @@
 #include "berth.h"
 #include "model.h"
 #include "plimsoll_sandboxes.h"
+#include "idmap.h"                /* lib/: the one id hash table */
 
 typedef struct berth_task berth_task;
 typedef struct berth_op berth_op;
@@ -167,7 +168,7 @@ berth_error *berth_error_new(const char *code, const char *fmt, ...)
 
 typedef struct berth_owner {     /* run id -> owner, recorded by sandbox.warm (H01) */
   char *run_id, *owner;
-  struct berth_owner *next;
+  plm_idmap_node node;           /* in h->owners, under run_id */
 } berth_owner;
 
 struct berth_host {
@@ -184,7 +185,7 @@ struct berth_host {
   plm_sandboxes *sandboxes;
   char *env_error;               /* why there are no sandboxes, when there are none */
   berth_model *model;
-  berth_owner *owners;
+  plm_idmap owners;              /* berth_owner by run id (lib/idmap.h) */
   berth_task *tasks, *current;
   berth_task load_task;          /* budget of a script's top level */
   berth_task *ready, *ready_tail;
@@ -218,6 +219,8 @@ void berth_report_error(berth_host *h, berth_conv *c, const char *hook, const ch
 /* natives.c */
 void berth_open_natives(lua_State *L);
 const char *berth_owner_get(berth_host *h, const char *run_id);
+/* Frees every recorded owner (berth_host_free). */
+void berth_owners_free(berth_host *h);
 
 /* agent.c: the conversation a task belongs to, for natives. */
 const char *berth_conv_warmed_run_id(const berth_conv *c);

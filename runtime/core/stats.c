@@ -4,6 +4,7 @@
  * (berth_host_stats) and for `berth serve`'s GET /metrics.
  */
 #include "runtime.h"
+#include "xalloc.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,9 +63,7 @@ void berth_count_error(berth_host *h, const char *source, const char *cls)
       return;
     }
   size_t n = strlen(cls);
-  berth_errclass *e = malloc(sizeof *e + n + 1);
-  if (!e)
-    return;
+  berth_errclass *e = berth_xmalloc(sizeof *e + n + 1);
   e->next = NULL;
   e->source = source;           /* a string literal of the caller */
   e->n = 1;

@@ -9,6 +9,7 @@
  *                       sleep, now) and the full standard library, e.g. busted
  */
 #include "cli.h"
+#include "xalloc.h"
 #include "runtime.h"
 #include "model.h"
 #include "store/store.h"
@@ -241,7 +242,7 @@ static char *read_token(const char *path)
       n--;
     s[n] = '\0';
     if (n && s[0] != '#') {
-      tok = strdup(s);
+      tok = berth_xstrdup(s);
       break;
     }
   }
@@ -280,7 +281,7 @@ static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local
   if (use_env && getenv("PLIMSOLL_URL") && *getenv("PLIMSOLL_URL") && !o->start_local) {
     c->url = getenv("PLIMSOLL_URL");
     if (getenv("PLIMSOLL_TOKEN"))
-      c->token = strdup(getenv("PLIMSOLL_TOKEN"));
+      c->token = berth_xstrdup(getenv("PLIMSOLL_TOKEN"));
     c->provider = o->provider;
     return 0;
   }
@@ -295,7 +296,7 @@ static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local
   berth_daemon_watch(&c->local, ev_default_loop(0));  /* started again if it dies */
   c->own = true;
   c->url = c->local.url;
-  c->token = strdup(c->local.token);
+  c->token = berth_xstrdup(c->local.token);
   c->provider = provider;
   return 0;
 }
@@ -829,7 +830,7 @@ static int install_approve(chat *c, char **err)
   lua_pop(L, 1);
   if (!has) {
     lua_pop(L, 1);
-    *err = strdup("--approve needs hooks that ask approve(ctx, code, language) before each "
+    *err = berth_xstrdup("--approve needs hooks that ask approve(ctx, code, language) before each "
                   "cell, as scripts/examples/approval.lua and hooks built on it do");
     return -1;
   }
@@ -1071,12 +1072,12 @@ static char *history_path(void)
 {
   const char *env = getenv("BERTH_HISTORY");
   if (env)
-    return *env ? strdup(env) : NULL;  /* set and empty: no history file */
+    return *env ? berth_xstrdup(env) : NULL;  /* set and empty: no history file */
   const char *home = getenv("HOME");
   if (!home || !*home)
     return NULL;
   size_t n = strlen(home) + 32;
-  char *p = malloc(n);
+  char *p = berth_xmalloc(n);
   snprintf(p, n, "%s/.berth_history", home);
   return p;
 }

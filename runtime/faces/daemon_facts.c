@@ -3,6 +3,7 @@
  * (cli.h): the chat's banner, replay's provider expectations, serve's "noCodeRan".
  */
 #include "cli.h"
+#include "xalloc.h"
 #include "plimsoll.h"
 
 #include <stdio.h>
@@ -20,13 +21,13 @@ static void on_facts(void *ud, plm_error *err, plm_info *info)
   facts_wait *d = ud;
   d->done = true;
   if (err) {
-    d->error = strdup(err->message);
+    d->error = berth_xstrdup(err->message);
     plm_error_free(err);
     return;
   }
   berth_daemon_facts *f = d->facts;
-  f->sandbox = info->sandbox ? strdup(info->sandbox) : NULL;
-  f->isolation = info->isolation ? strdup(info->isolation) : NULL;
+  f->sandbox = info->sandbox ? berth_xstrdup(info->sandbox) : NULL;
+  f->isolation = info->isolation ? berth_xstrdup(info->isolation) : NULL;
   plm_info_free(info);
 }
 

@@ -29,6 +29,7 @@
  * it); the last to let go frees it.
  */
 #include "cli.h"
+#include "xalloc.h"
 #include "berth.h"
 #include "plimsoll.h"
 #include "store/store.h"
@@ -36,6 +37,7 @@
 #include "connguard.h"           /* httpd/: what serve shares with sandboxd */
 #include "listen.h"
 #include "mhd_ev.h"
+#include "idmap.h"               /* lib/: the one id hash table */
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -170,7 +172,7 @@ struct sconv {
   request *deleting;             /* the DELETE waiting for onComplete */
   double mark, call_at;          /* ev_time(): the turn's start or last tool result; the
                                     tool call (the timing of tool events) */
-  sconv *hnext;
+  plm_idmap_node node;           /* in s->convs, under id */
   server *s;
   /* the lease (a shared store): held while a turn of it runs or waits here */
   int lease;                     /* LEASE_NONE, LEASE_TAKING, LEASE_HELD */
@@ -231,7 +233,7 @@ struct server {
   caller *callers;
   size_t n_callers;
   sconv **table;
-  size_t table_size, n_sconvs;
+  plm_idmap convs;               /* sconv by public id (lib/idmap.h) */
   size_t max_per_caller, max_body, max_queued;
   size_t active;                 /* requests MHD holds */
   bool stopping, host_done, verbose;
@@ -317,16 +319,6 @@ static void host_log(void *ud, berth_log_level level, const char *message)
   log_record(names[level], message);
 }
 
-static void hex(const unsigned char *p, size_t n, char *out)
-{
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[p[i] >> 4];
-    out[2 * i + 1] = digits[p[i] & 15];
-  }
-  out[2 * n] = '\0';
-}
-
 static bool parse_count(const char *arg, size_t *out)
 {
   char *end;
@@ -368,8 +360,8 @@ static int read_lines(const char *path, char ***out)
     p[len] = '\0';
     if (!len || p[0] == '#')
       continue;
-    *out = realloc(*out, (size_t)(n + 1) * sizeof **out);
-    (*out)[n++] = strdup(p);
+    *out = berth_xrealloc(*out, (size_t)(n + 1) * sizeof **out);
+    (*out)[n++] = berth_xstrdup(p);
   }
   fclose(f);
   return n;
@@ -388,60 +380,26 @@ static void free_lines(char **v, int n)
 
 /* {====================================================== conversations table */
 
-static size_t id_hash(const char *id)
-{
-  size_t h = 0;
-  for (int i = 0; i < 16 && id[i]; i++)
-    h = h * 16 + (size_t)(id[i] <= '9' ? id[i] - '0' : id[i] - 'a' + 10);
-  return h;
-}
-
-static void table_grow(server *s)
-{
-  size_t size = s->table_size ? s->table_size * 2 : 1024;
-  sconv **t = calloc(size, sizeof *t);
-  for (size_t i = 0; i < s->table_size; i++)
-    for (sconv *c = s->table[i], *next; c; c = next) {
-      next = c->hnext;
-      size_t b = id_hash(c->id) & (size - 1);
-      c->hnext = t[b];
-      t[b] = c;
-    }
-  free(s->table);
-  s->table = t;
-  s->table_size = size;
-}
-
 static void table_add(server *s, sconv *c)
 {
-  if (s->n_sconvs + 1 > s->table_size / 2)
-    table_grow(s);
-  size_t b = id_hash(c->id) & (s->table_size - 1);
-  c->hnext = s->table[b];
-  s->table[b] = c;
-  s->n_sconvs++;
+  c->node.key = c->id;
+  if (!plm_idmap_put(&s->convs, &c->node))
+    berth_oom(sizeof c->node);
 }
 
 static void table_remove(server *s, sconv *c)
 {
-  sconv **pp = &s->table[id_hash(c->id) & (s->table_size - 1)];
-  for (; *pp; pp = &(*pp)->hnext)
-    if (*pp == c) {
-      *pp = c->hnext;
-      s->n_sconvs--;
-      return;
-    }
+  plm_idmap_remove(&s->convs, &c->node);
 }
 
 /* The caller's conversation with this id, else NULL (another caller's too). */
 static sconv *table_find(server *s, const char *id, size_t who)
 {
-  if (!s->table_size || strlen(id) != ID_LEN)
-    return NULL;
-  for (sconv *c = s->table[id_hash(id) & (s->table_size - 1)]; c; c = c->hnext)
-    if (CRYPTO_memcmp(c->id, id, ID_LEN) == 0)
-      return c->caller == who ? c : NULL;
-  return NULL;
+  /* (The map compares keys only once their 64-bit hashes, seeded per map, are equal:
+   * a guessed id learns nothing from the time a miss takes.) */
+  plm_idmap_node *n = strlen(id) == ID_LEN ? plm_idmap_get(&s->convs, id) : NULL;
+  sconv *c = n ? PLM_IDMAP_OWNER(n, sconv, node) : NULL;
+  return c && c->caller == who ? c : NULL;
 }
 
 /* }====================================================== */
@@ -477,7 +435,7 @@ static struct MHD_Response *json_response(json_t *body)
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   if (!text)
-    text = strdup("{}");
+    text = berth_xstrdup("{}");
   return text_response("application/json", text);
 }
 
@@ -577,7 +535,7 @@ static void stream_put(stream *st, uint64_t seq, const char *event, const char *
   size_t need = strlen(event) + strlen(text) + 64;
   if (st->len + need > st->cap) {
     st->cap = (st->len + need) * 2;
-    st->buf = realloc(st->buf, st->cap);
+    st->buf = berth_xrealloc(st->buf, st->cap);
   }
   st->len += (size_t)sprintf(st->buf + st->len, "id: %llu\nevent: %s\ndata: %s\n\n",
                              (unsigned long long)seq, event, text);
@@ -759,7 +717,7 @@ static void on_error(void *ud, berth_conv *c, const berth_error *err)
     char id[9];
     if (RAND_bytes(raw, sizeof raw) != 1)
       memset(raw, 0, sizeof raw);
-    hex(raw, sizeof raw, id);
+    plm_hex_encode(raw, sizeof raw, id);
     id[8] = '\0';
     sconv *sc = berth_conv_userdata(c);
     slog_warn(s, "hook error %s in conversation %s: %s", id, sc ? sc->id : "-",
@@ -946,7 +904,7 @@ static char *msg(const char *fmt, ...)
     s = NULL;
   va_end(ap);
   if (!s)
-    return strdup("?");
+    return berth_xstrdup("?");
   unsigned char *p = (unsigned char *)s;
   for (size_t n = strlen(s), i = 0; i < n;) {
     size_t len = plm_utf8_sequence(p + i, n - i);
@@ -1089,7 +1047,7 @@ static enum MHD_Result do_create(request *q)
   char owner[160];
   if (user)
     snprintf(owner, sizeof owner, "%s:%s", cl->label, user);
-  sconv *sc = calloc(1, sizeof *sc);
+  sconv *sc = berth_xcalloc(1, sizeof *sc);
   sc->s = s;
   sc->caller = q->caller;
   unsigned char raw[ID_LEN / 2];
@@ -1099,7 +1057,7 @@ static enum MHD_Result do_create(request *q)
     return queue(q, MHD_HTTP_INTERNAL_SERVER_ERROR,
                  error_response("internal", "no random bytes for an id"));
   }
-  hex(raw, sizeof raw, sc->id);
+  plm_hex_encode(raw, sizeof raw, sc->id);
   berth_conv_options co = {NULL, user ? owner : NULL, body.metadata, sc, sc->id, cl->digest};
   berth_error *e = berth_conv_open(s->h, &co, &sc->conv);
   json_decref(body.body);
@@ -1117,7 +1075,7 @@ static enum MHD_Result do_create(request *q)
     slog(s, "caller %s opened %s", cl->label, berth_conv_run_id(sc->conv));
   if (s->leases) {
     /* Another host may get its next message: the record is committed first. */
-    create_wait *cw = calloc(1, sizeof *cw);
+    create_wait *cw = berth_xcalloc(1, sizeof *cw);
     cw->q = q;
     memcpy(cw->id, sc->id, sizeof cw->id);
     q->cw = cw;
@@ -1391,7 +1349,7 @@ static void on_lease(void *ud, const berth_error *err, const berth_store_lease *
 
 static void lease_take(sconv *sc)
 {
-  lease_wait *lw = calloc(1, sizeof *lw);
+  lease_wait *lw = berth_xcalloc(1, sizeof *lw);
   lw->sc = sc;
   sc->lw = lw;
   sc->lease = LEASE_TAKING;
@@ -1410,6 +1368,23 @@ static void lease_forget(sconv *sc)
   pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
               "the conversation was closed on this host; retry");
   lease_release(sc);
+}
+
+/* At exit (plm_idmap_each): every stream ends, so MHD can let its connection go. */
+static void wake_streams(void *ud, plm_idmap_node *n)
+{
+  (void)ud;
+  for (stream *st = PLM_IDMAP_OWNER(n, sconv, node)->head; st; st = st->next) {
+    st->finished = true;
+    stream_wake(st);
+  }
+}
+
+static void drop_conv(void *ud, plm_idmap_node *n)
+{
+  sconv *sc = PLM_IDMAP_OWNER(n, sconv, node);
+  plm_idmap_remove(&((server *)ud)->convs, n);
+  sconv_free(sc);
 }
 
 static void sconv_gone(sconv *sc)
@@ -1508,7 +1483,7 @@ static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mi
                                            "are at GET /v1/conversations/%s/events", sc->id),
                     1);
   } else {
-    stream *st = calloc(1, sizeof *st);
+    stream *st = berth_xcalloc(1, sizeof *st);
     st->s = s;
     st->conn = q->conn;
     st->refs = 1;               /* the request's */
@@ -1549,7 +1524,7 @@ static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status
       return r;
     }
   }
-  stream *st = calloc(1, sizeof *st);
+  stream *st = berth_xcalloc(1, sizeof *st);
   st->s = s;
   st->conn = q->conn;
   st->refs = 2;                 /* the conversation's queue, the request */
@@ -1655,7 +1630,7 @@ static sconv *find_or_resume(request *q, unsigned *status, char **why)
   berth_store_conv_clear(&rec);
   if (!open)
     return NULL;
-  sc = calloc(1, sizeof *sc);
+  sc = berth_xcalloc(1, sizeof *sc);
   sc->s = s;
   sc->caller = q->caller;
   memcpy(sc->id, q->id, ID_LEN + 1);
@@ -1822,7 +1797,7 @@ static enum MHD_Result do_events(request *q)
   if (e) {
     return store_unreadable(q, e);
   }
-  stream *st = calloc(1, sizeof *st);
+  stream *st = berth_xcalloc(1, sizeof *st);
   st->s = s;
   st->conn = q->conn;
   st->refs = 1;                 /* the request's */
@@ -2076,7 +2051,7 @@ static bool take_body(request *q, const char *data, size_t n)
     q->cap = q->len + n > 2 * q->cap ? q->len + n : 2 * q->cap;
     if (q->cap > max)
       q->cap = max;
-    q->body = realloc(q->body, q->cap + 1);
+    q->body = berth_xrealloc(q->body, q->cap + 1);
   }
   memcpy(q->body + q->len, data, n);
   q->len += n;
@@ -2143,7 +2118,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   server *s = cls;
   request *q = *con_cls;
   if (!q) {
-    q = calloc(1, sizeof *q);
+    q = berth_xcalloc(1, sizeof *q);
     q->s = s;
     q->conn = conn;
     q->started = ev_time();
@@ -2345,17 +2320,14 @@ typedef struct serve_args {
   const char *metrics_listen;   /* NULL: /metrics on --listen only, with a token */
 } serve_args;
 
-/* Whether HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost). */
+/* Whether HOST:PORT names a loopback address (plm_loopback_host's rule). */
 static bool listens_on_loopback(const char *spec)
 {
   const char *colon = strrchr(spec, ':');
   size_t n = colon ? (size_t)(colon - spec) : strlen(spec);
   char host[256];
   snprintf(host, sizeof host, "%.*s", (int)n, spec);
-  if (!strcmp(host, "localhost") || !strcmp(host, "[::1]") || !strcmp(host, "::1"))
-    return true;
-  struct in_addr a4;
-  return inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127;
+  return plm_loopback_host(host);
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -2473,7 +2445,7 @@ static int load_callers(server *s, const char *path)
   }
   bool reload = s->callers != NULL;
   size_t old = s->n_callers;
-  bool *kept = calloc(old + 1, sizeof *kept);
+  bool *kept = berth_xcalloc(old + 1, sizeof *kept);
   size_t added = 0, removed = 0;
   for (int i = 0; i < n; i++) {
     unsigned char hash[32];
@@ -2482,13 +2454,13 @@ static int load_callers(server *s, const char *path)
     while (k < s->n_callers && memcmp(hash, s->callers[k].hash, sizeof hash))
       k++;
     if (k == s->n_callers) {
-      s->callers = realloc(s->callers, (s->n_callers + 1) * sizeof *s->callers);
+      s->callers = berth_xrealloc(s->callers, (s->n_callers + 1) * sizeof *s->callers);
       caller *cl = &s->callers[s->n_callers++];
       memset(cl, 0, sizeof *cl);
       memcpy(cl->hash, hash, sizeof hash);
       cl->label[0] = 'k';
-      hex(cl->hash, 4, cl->label + 1);
-      hex(cl->hash, 32, cl->digest);
+      plm_hex_encode(cl->hash, 4, cl->label + 1);
+      plm_hex_encode(cl->hash, 32, cl->digest);
       if (reload)
         slog(s, "token file: caller %s added", cl->label);
       added++;
@@ -2557,6 +2529,7 @@ int berth_cmd_serve(int argc, char **argv)
   server srv;
   server *s = &srv;
   memset(s, 0, sizeof *s);
+  plm_idmap_init(&s->convs);
   s->verbose = a.verbose;
   s->max_body = a.max_body;
   s->listen_fd = -1;
@@ -2595,7 +2568,7 @@ int berth_cmd_serve(int argc, char **argv)
           free(lines);
         goto out;
       }
-      daemon_token = strdup(lines[0]);
+      daemon_token = berth_xstrdup(lines[0]);
       free_lines(lines, n);
     }
   } else if (a.sandboxd || a.provider || !getenv("PLIMSOLL_URL") || !*getenv("PLIMSOLL_URL")) {
@@ -2610,13 +2583,13 @@ int berth_cmd_serve(int argc, char **argv)
     berth_daemon_watch(&local, s->loop);  /* started again if it dies (issue 11) */
     own = true;
     daemon_url = local.url;
-    daemon_token = strdup(local.token);
+    daemon_token = berth_xstrdup(local.token);
     if (!a.max_sandboxes_set)
       a.max_sandboxes = OWN_SANDBOXD_MAX_SANDBOXES;
   } else {
     daemon_url = getenv("PLIMSOLL_URL");
     if (getenv("PLIMSOLL_TOKEN"))
-      daemon_token = strdup(getenv("PLIMSOLL_TOKEN"));
+      daemon_token = berth_xstrdup(getenv("PLIMSOLL_TOKEN"));
   }
   if (a.model) {
     berth_error *e = berth_model_open(s->loop, a.model, &s->model);
@@ -2661,7 +2634,7 @@ int berth_cmd_serve(int argc, char **argv)
         goto out;
       }
       memcpy(s->host_id, "h-", 2);
-      hex(raw, sizeof raw, s->host_id + 2);
+      plm_hex_encode(raw, sizeof raw, s->host_id + 2);
       s->lease_ms = a.lease_ms ? (int64_t)a.lease_ms : DEFAULT_LEASE_MS;
       ev_timer_init(&s->renew, on_renew, s->lease_ms / 3000., s->lease_ms / 3000.);
       s->renew.data = s;
@@ -2798,12 +2771,7 @@ int berth_cmd_serve(int argc, char **argv)
 out:
   if (s->mhd) {
     /* Resume what is parked (MHD must not stop with suspended connections). */
-    for (size_t i = 0; i < s->table_size; i++)
-      for (sconv *c = s->table[i]; c; c = c->hnext)
-        for (stream *st = c->head; st; st = st->next) {
-          st->finished = true;
-          stream_wake(st);
-        }
+    plm_idmap_each(&s->convs, wake_streams, NULL);
     httpd_mhd_detach(&s->web);
     ev_timer_stop(s->loop, &s->flush);
     ev_signal_stop(s->loop, &s->sigterm);
@@ -2817,13 +2785,8 @@ out:
   if (s->metrics_mhd)
     MHD_stop_daemon(s->metrics_mhd);
   connguard_free(s->guard);
-  for (size_t i = 0; i < s->table_size; i++)
-    while (s->table[i]) {
-      sconv *c = s->table[i];
-      s->table[i] = c->hnext;
-      sconv_free(c);
-    }
-  free(s->table);
+  plm_idmap_each(&s->convs, drop_conv, s);
+  plm_idmap_free(&s->convs);
   berth_host_free(s->h);
   if (ev_is_active(&s->renew)) {
     ev_ref(s->loop);

@@ -19,6 +19,7 @@
  * with no envelope is "not signed": a failure, since nothing vouches for it.
  */
 #include "plimsoll.h"
+#include "xalloc.h"
 
 #include <jansson.h>
 #include <openssl/evp.h>
@@ -46,7 +47,7 @@ static unsigned char *b64_decode(const char *text, size_t *len)
     size_t n = strlen(text);
     if (n % 4)
         return NULL;
-    unsigned char *out = malloc(n / 4 * 3 + 1);
+    unsigned char *out = berth_xmalloc(n / 4 * 3 + 1);
     int got = out ? EVP_DecodeBlock(out, (const unsigned char *)text, (int)n) : -1;
     if (got < 0) {
         free(out);
@@ -84,14 +85,10 @@ static bool load_key(verifier *v, const char *path)
 static bool signature_ok(const verifier *v, const json_t *env, const unsigned char *payload,
                          size_t plen)
 {
-    char head[128];
-    int h = snprintf(head, sizeof head, "DSSEv1 %zu %s %zu ", strlen(PAYLOAD_TYPE),
-                     PAYLOAD_TYPE, plen);
-    unsigned char *pae = malloc((size_t)h + plen + 1);
+    size_t pae_len;
+    unsigned char *pae = plm_dsse_pae(PAYLOAD_TYPE, payload, plen, &pae_len);
     if (!pae)
-        return false;
-    memcpy(pae, head, (size_t)h);
-    memcpy(pae + h, payload, plen);
+        berth_oom(plen);
     bool ok = false;
     size_t i;
     json_t *s;
@@ -104,7 +101,7 @@ static bool signature_ok(const verifier *v, const json_t *env, const unsigned ch
         unsigned char *sig = b64_decode(sig64, &slen);
         EVP_MD_CTX *ctx = EVP_MD_CTX_new();
         ok = sig && ctx && EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, v->key) == 1 &&
-             EVP_DigestVerify(ctx, sig, slen, pae, (size_t)h + plen) == 1;
+             EVP_DigestVerify(ctx, sig, slen, pae, pae_len) == 1;
         EVP_MD_CTX_free(ctx);
         free(sig);
         if (ok)
@@ -138,22 +135,20 @@ static plm_record *predicate_record(const json_t *p)
     }
     if (!json_is_integer(json_object_get(p, "version")))
         return NULL;
-    plm_record *r = calloc(1, sizeof *r);
-    if (!r)
-        return NULL;
+    plm_record *r = berth_xcalloc(1, sizeof *r);
     r->version = (uint32_t)json_integer_value(json_object_get(p, "version"));
-    r->request_sha256 = strdup(str_of(p, "request_sha256"));
-    r->result_sha256 = strdup(str_of(p, "result_sha256"));
-    r->provider = strdup(str_of(p, "provider"));
-    r->isolation = strdup(str_of(p, "isolation"));
-    r->environment = strdup(str_of(p, "environment"));
-    r->policy = strdup(str_of(p, "policy"));
-    r->software_identity = strdup(str_of(p, "software_identity"));
-    r->software_rule_id = strdup(str_of(p, "software_rule_id"));
-    r->unanswered = strdup(str_of(p, "unanswered"));
-    r->session = strdup(str_of(p, "session"));
-    r->previous_sha256 = strdup(str_of(p, "previous_sha256"));
-    r->record_sha256 = strdup(str_of(p, "record_sha256"));
+    r->request_sha256 = berth_xstrdup(str_of(p, "request_sha256"));
+    r->result_sha256 = berth_xstrdup(str_of(p, "result_sha256"));
+    r->provider = berth_xstrdup(str_of(p, "provider"));
+    r->isolation = berth_xstrdup(str_of(p, "isolation"));
+    r->environment = berth_xstrdup(str_of(p, "environment"));
+    r->policy = berth_xstrdup(str_of(p, "policy"));
+    r->software_identity = berth_xstrdup(str_of(p, "software_identity"));
+    r->software_rule_id = berth_xstrdup(str_of(p, "software_rule_id"));
+    r->unanswered = berth_xstrdup(str_of(p, "unanswered"));
+    r->session = berth_xstrdup(str_of(p, "session"));
+    r->previous_sha256 = berth_xstrdup(str_of(p, "previous_sha256"));
+    r->record_sha256 = berth_xstrdup(str_of(p, "record_sha256"));
     r->started_unix_ms = json_integer_value(json_object_get(p, "started_unix_ms"));
     r->ended_unix_ms = json_integer_value(json_object_get(p, "ended_unix_ms"));
     r->sequence = (uint64_t)json_integer_value(json_object_get(p, "sequence"));

@@ -12,6 +12,7 @@
  * cancelled, and freed once the callback has returned.
  */
 #include "http.h"
+#include "xalloc.h"
 
 #include "curl_ev.h"
 
@@ -45,7 +46,7 @@ struct berth_http_req {
   char *pending;                /* body bytes not handed over yet */
   size_t plen, pcap;
   size_t received;
-  bool too_large, nomem;
+  bool too_large;
   bool attached;                /* in the multi handle */
   bool finished;                /* curl is done with it: rc holds the result */
   bool canceled, in_cb, queued;
@@ -129,11 +130,7 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
     size_t cap = r->pcap ? r->pcap : 16384;
     while (cap < r->plen + n)
       cap *= 2;
-    char *b = realloc(r->pending, cap);
-    if (!b) {
-      r->nomem = true;
-      return 0;
-    }
+    char *b = berth_xrealloc(r->pending, cap);
     r->pending = b;
     r->pcap = cap;
   }
@@ -234,8 +231,7 @@ static void deliver(berth_http_req *r)
   res.received = r->received;
   if (!stop && r->rc != CURLE_OK) {
     res.timed_out = r->rc == CURLE_OPERATION_TIMEDOUT;
-    res.error = r->nomem ? "out of memory"
-              : r->too_large ? "the response is too large"
+    res.error = r->too_large ? "the response is too large"
               : r->errbuf[0] ? r->errbuf : curl_easy_strerror(r->rc);
   }
   r->cbs.done(r->ud, &res);
@@ -272,7 +268,7 @@ berth_http *berth_http_new(struct ev_loop *loop)
 {
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return NULL;
-  berth_http *h = calloc(1, sizeof *h);
+  berth_http *h = berth_xcalloc(1, sizeof *h);
   if (!h || plm_curl_ev_init(&h->ev, loop, dispatch, h) != 0) {
     free(h);
     curl_global_cleanup();
@@ -299,14 +295,12 @@ berth_http_req *berth_http_start(berth_http *h, const berth_http_post *p,
 {
   if (h->ev.free_pending)
     return NULL;
-  berth_http_req *r = calloc(1, sizeof *r);
-  if (!r)
-    return NULL;
+  berth_http_req *r = berth_xcalloc(1, sizeof *r);
   r->h = h;
   r->cbs = *cbs;
   r->ud = ud;
   r->max_bytes = p->max_bytes ? p->max_bytes : HTTP_DEFAULT_MAX;
-  r->body = malloc(p->body_len + 1);
+  r->body = berth_xmalloc(p->body_len + 1);
   r->easy = curl_easy_init();
   if (!r->body || !r->easy) {
     if (r->easy)

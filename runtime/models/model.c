@@ -3,6 +3,7 @@
  * "openai:MODEL").
  */
 #include "model.h"
+#include "xalloc.h"
 #include "openai.h"
 
 #include <stdio.h>
@@ -30,7 +31,7 @@ berth_model *berth_model_new(const char *spec, const berth_model_options *o, cha
     return berth_openai_new(&oo, o, err);
   }
   size_t n = strlen(spec) + 128;
-  *err = malloc(n);
+  *err = berth_xmalloc(n);
   snprintf(*err, n, "unknown model \"%s\" (available: scripted:FILE, openai, openai:MODEL)", spec);
   return NULL;
 }

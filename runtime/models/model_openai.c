@@ -20,6 +20,8 @@
  * are scrubbed of it, for servers that echo it back).
  */
 #include "berth.h"
+#include "plimsoll.h"             /* plm_loopback_host: one rule */
+#include "xalloc.h"
 #include "http.h"
 #include "openai.h"
 
@@ -67,7 +69,7 @@ static char *oai_fmt(const char *f, ...)
   if (vasprintf(&s, f, ap) < 0)
     s = NULL;
   va_end(ap);
-  return s ? s : strdup("(out of memory)");
+  return s ? s : berth_xstrdup("(out of memory)");
 }
 
 int berth_openai_options_env(berth_openai_options *o, char **err)
@@ -142,11 +144,7 @@ static char *scrub(const openai *m, char *msg)
   while ((p = strstr(msg, m->key))) {
     static const char mark[] = "[redacted]";
     size_t n = strlen(msg), at = (size_t)(p - msg);
-    char *s = malloc(n - kl + sizeof mark);
-    if (!s) {                   /* at worst, cut the message short */
-      *p = '\0';
-      break;
-    }
+    char *s = berth_xmalloc(n - kl + sizeof mark);
     memcpy(s, msg, at);
     memcpy(s + at, mark, sizeof mark - 1);
     memcpy(s + at + sizeof mark - 1, p + kl, n - at - kl + 1);
@@ -203,7 +201,7 @@ static char *server_says(const oai_call *c)
     out = oai_fmt("%.300s", s);
   else {
     size_t n = c->text_len < 200 ? c->text_len : 200, o = 0;
-    out = malloc(n + 1);
+    out = berth_xmalloc(n + 1);
     for (size_t i = 0; out && i < n; i++)
       if (c->text[i] != '\r' && c->text[i] != '\n')
         out[o++] = (c->text[i] >= 0x20 && c->text[i] < 0x7F) ? c->text[i] : '?';
@@ -293,9 +291,7 @@ static int on_chunk(void *ud, const char *data, size_t len)
     size_t cap = c->text_cap ? c->text_cap : 4096;
     while (cap < c->text_len + len + 1)
       cap *= 2;
-    char *t = realloc(c->text, cap);
-    if (!t)
-      return 1;
+    char *t = berth_xrealloc(c->text, cap);
     c->text = t;
     c->text_cap = cap;
   }
@@ -342,7 +338,7 @@ static void on_done(void *ud, const berth_http_result *res)
     if (c->stream)
       finish_stream(c, res);
     else
-      call_end(c, NULL, "resource_exhausted", strdup("openai model: out of memory"));
+      call_end(c, NULL, "resource_exhausted", berth_xstrdup("openai model: out of memory"));
     return;
   }
   if (st == 0) {
@@ -439,7 +435,7 @@ static int o_chat(berth_model *base, const json_t *request, berth_delta_fn delta
   openai *m = (openai *)base;
   const json_t *msgs = json_object_get(request, "messages");
   if (!json_is_array(msgs)) {
-    *err = strdup("openai model: the request has no messages array");
+    *err = berth_xstrdup("openai model: the request has no messages array");
     return -1;
   }
   json_t *req = json_pack("{s:s, s:O, s:b}", "model", m->model, "messages", (json_t *)msgs,
@@ -449,10 +445,10 @@ static int o_chat(berth_model *base, const json_t *request, berth_delta_fn delta
     json_object_set(req, "tools", (json_t *)tools);
   char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
   json_decref(req);
-  oai_call *c = body ? calloc(1, sizeof *c) : NULL;
+  oai_call *c = body ? berth_xcalloc(1, sizeof *c) : NULL;
   if (!c) {
     free(body);
-    *err = strdup("openai model: the request cannot be encoded (out of memory)");
+    *err = berth_xstrdup("openai model: the request cannot be encoded (out of memory)");
     return -1;
   }
   c->m = m;
@@ -480,7 +476,7 @@ static int o_chat(berth_model *base, const json_t *request, berth_delta_fn delta
 static void o_cancel(berth_model *base, berth_model_call *call)
 {
   (void)base;
-  call_end((oai_call *)call, NULL, "canceled", strdup("the model call was cancelled"));
+  call_end((oai_call *)call, NULL, "canceled", berth_xstrdup("the model call was cancelled"));
 }
 
 static void o_free(berth_model *base)
@@ -502,22 +498,13 @@ static const berth_model_ops openai_ops = {"openai", o_chat, o_cancel, o_free};
 
 /* {====================================================== construction */
 
-/* Loopback is exactly localhost, ::1 or 127.x.y.z (as lib/client.c decides). */
-static bool loopback_host(const char *host)
-{
-  struct in_addr a4;
-  if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0 ||
-      strcmp(host, "[::1]") == 0)
-    return true;
-  return strncmp(host, "127.", 4) == 0 && inet_pton(AF_INET, host, &a4) == 1;
-}
 
 /* The endpoint for a base URL, or NULL with *err. */
 static char *endpoint(const char *url, bool insecure, bool *loopback, char **err)
 {
   size_t n = strlen(url);
   if (n == 0 || strchr(" \t\r\n", url[0]) || strchr(" \t\r\n", url[n - 1])) {
-    *err = strdup("BERTH_MODEL_URL must not be empty or have surrounding whitespace");
+    *err = berth_xstrdup("BERTH_MODEL_URL must not be empty or have surrounding whitespace");
     return NULL;
   }
   if (strpbrk(url, "?#")) {
@@ -534,10 +521,10 @@ static char *endpoint(const char *url, bool insecure, bool *loopback, char **err
     *err = oai_fmt("BERTH_MODEL_URL %s must use http or https", url);
   else if (curl_url_get(u, CURLUPART_USER, &user, 0) == CURLUE_OK ||
            curl_url_get(u, CURLUPART_PASSWORD, &password, 0) == CURLUE_OK)
-    *err = strdup("BERTH_MODEL_URL must not carry a user or password (give the key in "
+    *err = berth_xstrdup("BERTH_MODEL_URL must not carry a user or password (give the key in "
                   "BERTH_API_KEY)");
   else {
-    *loopback = loopback_host(host);
+    *loopback = plm_loopback_host(host);
     if (strcmp(scheme, "http") == 0 && !*loopback && !insecure)
       *err = oai_fmt("BERTH_MODEL_URL %s uses cleartext http to a non-loopback host, which "
                      "would send the API key and the conversation unencrypted; use https, "
@@ -566,22 +553,22 @@ berth_model *berth_openai_new(const berth_openai_options *oo, const berth_model_
 {
   *err = NULL;
   if (!o || !o->loop) {
-    *err = strdup("openai model: a loop is required");
+    *err = berth_xstrdup("openai model: a loop is required");
     return NULL;
   }
   if (!oo->model || !*oo->model) {
-    *err = strdup("the openai model needs a model name: set BERTH_MODEL (for example "
+    *err = berth_xstrdup("the openai model needs a model name: set BERTH_MODEL (for example "
                   "llama3.1 for Ollama, gpt-4o-mini for OpenAI), or give --model "
                   "openai:NAME");
     return NULL;
   }
   if (oo->api_key && strpbrk(oo->api_key, "\r\n")) {
-    *err = strdup("BERTH_API_KEY holds a line break");
+    *err = berth_xstrdup("BERTH_API_KEY holds a line break");
     return NULL;
   }
   if (oo->max_attempts < 1 || !(oo->backoff_base >= 0) || !(oo->backoff_max >= 0) ||
       !(oo->timeout > 0) || !(oo->connect_timeout > 0) || oo->idle_timeout < 0) {
-    *err = strdup("openai model: bad retry or timeout options");
+    *err = berth_xstrdup("openai model: bad retry or timeout options");
     return NULL;
   }
   bool loopback = false;
@@ -589,20 +576,20 @@ berth_model *berth_openai_new(const berth_openai_options *oo, const berth_model_
                        &loopback, err);
   if (!url)
     return NULL;
-  openai *m = calloc(1, sizeof *m);
+  openai *m = berth_xcalloc(1, sizeof *m);
   if (!m || !(m->http = berth_http_new(o->loop))) {
     free(m);
     free(url);
-    *err = strdup("openai model: cannot set up the HTTP client");
+    *err = berth_xstrdup("openai model: cannot set up the HTTP client");
     return NULL;
   }
   m->base.ops = &openai_ops;
   m->loop = o->loop;
   m->url = url;
   m->loopback = loopback;
-  m->model = strdup(oo->model);
+  m->model = berth_xstrdup(oo->model);
   if (oo->api_key && *oo->api_key) {
-    m->key = strdup(oo->api_key);
+    m->key = berth_xstrdup(oo->api_key);
     m->auth = oai_fmt("Authorization: Bearer %s", oo->api_key);
   }
   m->o = *oo;

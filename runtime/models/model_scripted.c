@@ -9,6 +9,7 @@
  * the same replies, whatever the hooks do in between.
  */
 #include "jsonlua.h"
+#include "xalloc.h"
 #include "model.h"
 
 #include <stdarg.h>
@@ -264,11 +265,11 @@ static void report(scripted *m, bool ok, const char *f, ...)
 static char *show(const json_t *v)
 {
   if (!v)
-    return strdup("absent");
+    return berth_xstrdup("absent");
   char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
   if (s && strlen(s) > 120)
     strcpy(s + 110, "…\"");
-  return s ? s : strdup("?");
+  return s ? s : berth_xstrdup("?");
 }
 
 static bool provider_applies(const scripted *m, const char *block)
@@ -437,7 +438,7 @@ static json_t *fill(const json_t *text, const char *user)
   for (const char *p = s; (p = strstr(p, "{{user}}")); p += 8)
     n++;
   size_t len = json_string_length(text) + n * ulen + 1;
-  char *out = malloc(len), *o = out;
+  char *out = berth_xmalloc(len), *o = out;
   for (const char *p = s, *q; ; p = q + 8) {
     q = strstr(p, "{{user}}");
     size_t seg = q ? (size_t)(q - p) : strlen(p);
@@ -480,7 +481,7 @@ static json_t *build_reply(const json_t *turn, size_t k, size_t step, const char
     char *args;
     const json_t *raw = json_object_get(call, "arguments");
     if (json_is_string(raw))
-      args = strdup(json_string_value(raw));
+      args = berth_xstrdup(json_string_value(raw));
     else {
       json_t *a = json_pack("{s:o}", "code", fill(json_object_get(call, "code"), user));
       const char *opt[] = {"language", "files"};
@@ -531,7 +532,7 @@ static int s_chat(berth_model *base, const json_t *request, berth_delta_fn delta
   scripted *m = (scripted *)base;
   const json_t *msgs = json_object_get(request, "messages");
   if (!json_is_array(msgs)) {
-    *err = strdup("scripted model: the request has no messages array");
+    *err = berth_xstrdup("scripted model: the request has no messages array");
     return -1;
   }
   size_t k = 0, last_user = 0, step = 1;
@@ -545,7 +546,7 @@ static int s_chat(berth_model *base, const json_t *request, berth_delta_fn delta
       step++;
   }
   if (k == 0) {
-    *err = strdup("scripted model: the conversation has no user message yet");
+    *err = berth_xstrdup("scripted model: the conversation has no user message yet");
     return -1;
   }
   const json_t *turn = user_turn(m, k);
@@ -566,7 +567,7 @@ static int s_chat(berth_model *base, const json_t *request, berth_delta_fn delta
     reply = build_reply(turn, k, step,
                         json_is_true(json_object_get(m->script, "template")) ? said : NULL);
   }
-  berth_model_call *c = calloc(1, sizeof *c);
+  berth_model_call *c = berth_xcalloc(1, sizeof *c);
   c->m = m;
   c->reply = reply;
   c->delta = delta;
@@ -590,7 +591,7 @@ static void s_cancel(berth_model *base, berth_model_call *c)
   ev_timer_stop(m->loop, &c->timer);
   call_unlink(c);
   json_decref(c->reply);
-  c->done(c->ud, NULL, "canceled", strdup("the model call was cancelled"));
+  c->done(c->ud, NULL, "canceled", berth_xstrdup("the model call was cancelled"));
   free(c);
 }
 
@@ -616,14 +617,14 @@ berth_model *berth_scripted_new(json_t *script, const berth_model_options *o, ch
 {
   *err = NULL;
   if (!o->loop) {
-    *err = strdup("scripted model: a loop is required");
+    *err = berth_xstrdup("scripted model: a loop is required");
     return NULL;
   }
-  scripted *m = calloc(1, sizeof *m);
+  scripted *m = berth_xcalloc(1, sizeof *m);
   m->base.ops = &scripted_ops;
   m->loop = o->loop;
   m->script = json_incref(script);
-  m->provider = o->provider ? strdup(o->provider) : NULL;
+  m->provider = o->provider ? berth_xstrdup(o->provider) : NULL;
   m->on_check = o->on_check;
   m->check_ud = o->check_ud;
   m->seen = json_object();
@@ -644,7 +645,7 @@ void berth_scripted_set_provider(berth_model *base, const char *provider)
 {
   scripted *m = (scripted *)base;
   free(m->provider);
-  m->provider = provider ? strdup(provider) : NULL;
+  m->provider = provider ? berth_xstrdup(provider) : NULL;
 }
 
 void berth_scripted_finish(berth_model *base, unsigned *checked, unsigned *failed)

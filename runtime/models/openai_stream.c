@@ -31,6 +31,7 @@
  * an ill-formed byte (the reply then fails).
  */
 #include "openai.h"
+#include "xalloc.h"
 #include "sse.h"
 #include "plimsoll.h"  /* the one UTF-8 checker */
 
@@ -91,7 +92,7 @@ static void oai_fail(berth_oai_stream *s, const char *code, const char *f, ...)
     s->error = NULL;
   va_end(ap);
   if (!s->error)
-    s->error = strdup("the model's stream failed");
+    s->error = berth_xstrdup("the model's stream failed");
   s->code = code;
 }
 
@@ -106,11 +107,7 @@ static int buf_add(berth_oai_stream *s, oai_buf *b, const char *t, size_t n)
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->len + n + 1)
       cap *= 2;
-    char *p = realloc(b->s, cap);
-    if (!p) {
-      oai_fail(s, "resource_exhausted", "out of memory");
-      return -1;
-    }
+    char *p = berth_xrealloc(b->s, cap);
     b->s = p;
     b->cap = cap;
   }
@@ -157,11 +154,7 @@ static json_t *oai_load(berth_oai_stream *s, const char *d, size_t n, json_error
   }
   if (extra == 0)
     return json_loadb(d, n, JSON_ALLOW_NUL, e);
-  unsigned char *m = malloc(n + extra);
-  if (!m) {
-    snprintf(e->text, sizeof e->text, "out of memory");
-    return NULL;
-  }
+  unsigned char *m = berth_xmalloc(n + extra);
   size_t o = 0;
   for (i = 0; i < n;) {
     k = plm_utf8_sequence(p + i, n - i);
@@ -237,11 +230,7 @@ static oai_choice *choice_get(berth_oai_stream *s, long index)
   for (size_t i = 0; i < s->n_choices; i++)
     if (s->choices[i].index == index)
       return &s->choices[i];
-  oai_choice *c = realloc(s->choices, (s->n_choices + 1) * sizeof *c);
-  if (!c) {
-    oai_fail(s, "resource_exhausted", "out of memory");
-    return NULL;
-  }
+  oai_choice *c = berth_xrealloc(s->choices, (s->n_choices + 1) * sizeof *c);
   s->choices = c;
   c = &s->choices[s->n_choices++];
   memset(c, 0, sizeof *c);
@@ -272,11 +261,7 @@ static int add_content(berth_oai_stream *s, oai_choice *c, const json_t *v)
 
 static oai_tool *tool_new(berth_oai_stream *s, long choice, long index)
 {
-  oai_tool *t = realloc(s->tools, (s->n_tools + 1) * sizeof *t);
-  if (!t) {
-    oai_fail(s, "resource_exhausted", "out of memory");
-    return NULL;
-  }
+  oai_tool *t = berth_xrealloc(s->tools, (s->n_tools + 1) * sizeof *t);
   s->tools = t;
   t = &s->tools[s->n_tools++];
   memset(t, 0, sizeof *t);
@@ -451,9 +436,7 @@ static int on_event(void *ud, const berth_sse_event *ev)
 
 berth_oai_stream *berth_oai_stream_new(berth_delta_fn delta, void *ud)
 {
-  berth_oai_stream *s = calloc(1, sizeof *s);
-  if (!s)
-    return NULL;
+  berth_oai_stream *s = berth_xcalloc(1, sizeof *s);
   berth_sse_init(&s->sse, OAI_MAX_EVENT);
   s->delta = delta;
   s->ud = ud;
@@ -488,8 +471,6 @@ int berth_oai_stream_feed(berth_oai_stream *s, const char *buf, size_t len)
   if (rc == BERTH_SSE_TOO_LARGE)
     oai_fail(s, "resource_exhausted", "the model's stream is malformed: a line or an event "
                                       "is larger than %zu bytes", (size_t)OAI_MAX_EVENT);
-  else if (rc == BERTH_SSE_NOMEM)
-    oai_fail(s, "resource_exhausted", "out of memory");
   if (s->error)
     return -1;
   return s->done ? 1 : 0;
@@ -612,7 +593,7 @@ json_t *berth_oai_stream_finish(berth_oai_stream *s, const char **code, char **e
     reply = build_reply(s);
   if (!reply) {
     *code = s->code ? s->code : "unknown";
-    *err = strdup(s->error ? s->error : "the model's stream failed");
+    *err = berth_xstrdup(s->error ? s->error : "the model's stream failed");
   }
   return reply;
 }

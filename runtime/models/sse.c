@@ -7,6 +7,7 @@
  * of a CRLF, not as an empty line (which would dispatch an event too early).
  */
 #include "sse.h"
+#include "xalloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,7 @@ static int sse_reserve(char **buf, size_t *cap, size_t need)
   size_t n = *cap ? *cap : 256;
   while (n < need + 1)
     n *= 2;
-  char *b = realloc(*buf, n);
-  if (!b)
-    return BERTH_SSE_NOMEM;
+  char *b = berth_xrealloc(*buf, n);
   *buf = b;
   *cap = n;
   return 0;
@@ -69,9 +68,7 @@ static int sse_append_line(berth_sse *p, const char *s, size_t n)
 /* Replaces *dst (a NUL-terminated copy) by s[0..n). */
 static int sse_set(char **dst, size_t *dst_len, const char *s, size_t n)
 {
-  char *c = malloc(n + 1);
-  if (!c)
-    return BERTH_SSE_NOMEM;
+  char *c = berth_xmalloc(n + 1);
   memcpy(c, s, n);
   c[n] = '\0';
   free(*dst);

@@ -26,7 +26,6 @@
 #include <stddef.h>
 
 #define BERTH_SSE_TOO_LARGE (-1)    /* a line or an event's data exceeded the limit */
-#define BERTH_SSE_NOMEM (-2)
 
 typedef struct berth_sse_event {
   const char *type;             /* the event field, or "message" */
@@ -59,7 +58,8 @@ typedef struct berth_sse {
 void berth_sse_init(berth_sse *p, size_t max);
 void berth_sse_free(berth_sse *p);
 /* Parses len bytes, calling fn for each complete event.  Returns 0, fn's non-zero
- * value (the rest of buf is left unread), BERTH_SSE_TOO_LARGE or BERTH_SSE_NOMEM.
+ * value (the rest of buf is left unread) or BERTH_SSE_TOO_LARGE.  Out of memory is
+ * xalloc.h's policy.
  * After a non-zero return the parser must not be fed again (free it). */
 int berth_sse_feed(berth_sse *p, const char *buf, size_t len, berth_sse_fn fn, void *ud);
 /* The stream ended.  Returns true when something was discarded: a line without its

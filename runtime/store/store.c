@@ -9,6 +9,7 @@
  * too, from wherever it is called): they are kept on a list and run from the watcher.
  */
 #include "store_engine.h"
+#include "xalloc.h"
 
 #include <ev.h>
 #include <stdarg.h>
@@ -57,7 +58,7 @@ const char *berth_store_status_name(berth_store_status st)
   return (unsigned)st < 4 ? names[st] : "open";
 }
 
-static char *dup_or_null(const char *p) { return p ? strdup(p) : NULL; }
+static char *dup_or_null(const char *p) { return p ? berth_xstrdup(p) : NULL; }
 
 void berth_store_conv_clear(berth_store_conv *r)
 {
@@ -153,7 +154,7 @@ static void enqueue(berth_store *s, store_op *op)
 
 void berth_store_put_conv(berth_store *s, const berth_store_conv *r)
 {
-  store_op *op = calloc(1, sizeof *op);
+  store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_CONV;
   berth_store_conv_copy(&op->conv, r);
   enqueue(s, op);
@@ -162,34 +163,34 @@ void berth_store_put_conv(berth_store *s, const berth_store_conv *r)
 void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
                               const char *const *json, size_t n, bool replace)
 {
-  store_op *op = calloc(1, sizeof *op);
+  store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_MESSAGES;
-  op->id = strdup(id);
+  op->id = berth_xstrdup(id);
   op->first = replace ? 0 : first;
   op->replace = replace;
   op->n = n;
-  op->texts = calloc(n ? n : 1, sizeof *op->texts);
+  op->texts = berth_xcalloc(n ? n : 1, sizeof *op->texts);
   for (size_t i = 0; i < n; i++)
-    op->texts[i] = strdup(json[i]);
+    op->texts[i] = berth_xstrdup(json[i]);
   enqueue(s, op);
 }
 
 void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_t turn,
                            const char *kind, const char *json)
 {
-  store_op *op = calloc(1, sizeof *op);
+  store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_EVENT;
-  op->id = strdup(id);
+  op->id = berth_xstrdup(id);
   op->seq = seq;
   op->turn = turn;
-  op->ev_kind = strdup(kind);
-  op->data = strdup(json ? json : "null");
+  op->ev_kind = berth_xstrdup(kind);
+  op->data = berth_xstrdup(json ? json : "null");
   enqueue(s, op);
 }
 
 void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud)
 {
-  store_op *op = calloc(1, sizeof *op);
+  store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_SYNC;
   op->done = done;
   op->ud = ud;
@@ -203,10 +204,10 @@ void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud)
 static store_op *lease_op(store_op_kind kind, const char *id, const char *host,
                           int64_t ttl_ms)
 {
-  store_op *op = calloc(1, sizeof *op);
+  store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = kind;
-  op->id = id ? strdup(id) : NULL;
-  op->host = host ? strndup(host, BERTH_STORE_HOST_MAX) : NULL;
+  op->id = id ? berth_xstrdup(id) : NULL;
+  op->host = host ? berth_xstrndup(host, BERTH_STORE_HOST_MAX) : NULL;
   op->ttl_ms = ttl_ms;
   return op;
 }
@@ -308,7 +309,7 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   for (store_op *op = b->ops, *next; op; op = next) {
     next = op->next;
     if (answered_op(op) && (op->done || op->lease_done) && w) {
-      pending_done *d = calloc(1, sizeof *d);
+      pending_done *d = berth_xcalloc(1, sizeof *d);
       d->fn = op->done;
       d->lease_fn = op->lease_done;
       d->lease = op->lease;
@@ -331,7 +332,7 @@ static berth_error *flush_once(berth_store *s)
 {
   if (!s->head)
     return NULL;
-  berth_store_batch *b = calloc(1, sizeof *b);
+  berth_store_batch *b = berth_xcalloc(1, sizeof *b);
   b->s = s;
   b->ops = s->head;
   store_op *last = s->head;
@@ -485,10 +486,10 @@ berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store
   } else
     return berth_error_new("invalid_argument", "unknown store URL \"%.200s\" (memory, "
                                                "sqlite:PATH or postgresql://…)", url);
-  berth_store *s = calloc(1, sizeof *s);
+  berth_store *s = berth_xcalloc(1, sizeof *s);
   s->vt = vt;
   s->loop = loop;
-  s->url = strdup(url);
+  s->url = berth_xstrdup(url);
   berth_error *e = vt->open(s, where);
   if (e) {
     free(s->url);
@@ -496,7 +497,7 @@ berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store
     return e;
   }
   if (loop) {
-    store_watchers *w = calloc(1, sizeof *w);
+    store_watchers *w = berth_xcalloc(1, sizeof *w);
     s->prepare = w;
     ev_prepare_init(&w->prepare, on_prepare);
     w->prepare.data = s;

@@ -4,6 +4,7 @@
  * (tests/test_store.c runs the same cases against each).
  */
 #include "store_engine.h"
+#include "xalloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static mconv *find(mem *m, const char *id)
 static void grow(mem *m)
 {
   size_t size = m->size * 2;
-  mconv **t = calloc(size, sizeof *t);
+  mconv **t = berth_xcalloc(size, sizeof *t);
   for (size_t i = 0; i < m->size; i++)
     for (mconv *c = m->table[i], *next; c; c = next) {
       next = c->hnext;
@@ -64,8 +65,8 @@ static mconv *find_or_add(mem *m, const char *id)
     return c;
   if (m->count + 1 > m->size / 2)
     grow(m);
-  c = calloc(1, sizeof *c);
-  c->r.id = strdup(id);
+  c = berth_xcalloc(1, sizeof *c);
+  c->r.id = berth_xstrdup(id);
   size_t b = hash_id(id) & (m->size - 1);
   c->hnext = m->table[b];
   m->table[b] = c;
@@ -76,9 +77,9 @@ static mconv *find_or_add(mem *m, const char *id)
 static berth_error *mem_open(berth_store *s, const char *where)
 {
   (void)where;
-  mem *m = calloc(1, sizeof *m);
+  mem *m = berth_xcalloc(1, sizeof *m);
   m->size = 256;
-  m->table = calloc(m->size, sizeof *m->table);
+  m->table = berth_xcalloc(m->size, sizeof *m->table);
   s->engine = m;
   return NULL;
 }
@@ -125,19 +126,19 @@ static void put_messages(mem *m, const store_op *op)
   size_t end = op->first + op->n;
   if (end > c->cap_msgs) {
     c->cap_msgs = end * 2;
-    c->msgs = realloc(c->msgs, c->cap_msgs * sizeof *c->msgs);
+    c->msgs = berth_xrealloc(c->msgs, c->cap_msgs * sizeof *c->msgs);
   }
   for (size_t i = c->n_msgs; i < end; i++)
     c->msgs[i] = NULL;
   for (size_t i = 0; i < op->n; i++) {
     free(c->msgs[op->first + i]);
-    c->msgs[op->first + i] = strdup(op->texts[i]);
+    c->msgs[op->first + i] = berth_xstrdup(op->texts[i]);
   }
   if (end > c->n_msgs)
     c->n_msgs = end;
   for (size_t i = 0; i < c->n_msgs; i++)   /* (no gaps: a missing one reads as null) */
     if (!c->msgs[i])
-      c->msgs[i] = strdup("null");
+      c->msgs[i] = berth_xstrdup("null");
 }
 
 static void put_event(mem *m, const store_op *op)
@@ -152,7 +153,7 @@ static void put_event(mem *m, const store_op *op)
   if (!e) {
     if (c->n_evs == c->cap_evs) {
       c->cap_evs = c->cap_evs ? 2 * c->cap_evs : 16;
-      c->evs = realloc(c->evs, c->cap_evs * sizeof *c->evs);
+      c->evs = berth_xrealloc(c->evs, c->cap_evs * sizeof *c->evs);
     }
     e = &c->evs[c->n_evs++];
     memset(e, 0, sizeof *e);
@@ -161,14 +162,14 @@ static void put_event(mem *m, const store_op *op)
   free(e->data);
   e->seq = op->seq;
   e->turn = op->turn;
-  e->kind = strdup(op->ev_kind);
-  e->data = strdup(op->data);
+  e->kind = berth_xstrdup(op->ev_kind);
+  e->data = berth_xstrdup(op->data);
 }
 
 static void set_lease(mconv *c, const char *holder, int64_t expiry_ms)
 {
   free(c->r.lease_holder);
-  c->r.lease_holder = holder ? strdup(holder) : NULL;
+  c->r.lease_holder = holder ? berth_xstrdup(holder) : NULL;
   c->r.lease_expiry_ms = expiry_ms;
 }
 
@@ -258,7 +259,7 @@ static berth_store_conv *collect(mem *m, bool (*keep)(const berth_store_conv *, 
         continue;
       if (count == cap) {
         cap = cap ? 2 * cap : 16;
-        v = realloc(v, cap * sizeof *v);
+        v = berth_xrealloc(v, cap * sizeof *v);
       }
       berth_store_conv_copy(&v[count++], &c->r);
     }
@@ -309,9 +310,9 @@ static berth_error *mem_load_messages(berth_store *s, const char *id, char ***ou
   mconv *c = find(s->engine, id);
   if (!c || !c->n_msgs)
     return NULL;
-  *out = malloc(c->n_msgs * sizeof **out);
+  *out = berth_xmalloc(c->n_msgs * sizeof **out);
   for (size_t i = 0; i < c->n_msgs; i++)
-    (*out)[i] = strdup(c->msgs[i]);
+    (*out)[i] = berth_xstrdup(c->msgs[i]);
   *n = c->n_msgs;
   return NULL;
 }
@@ -328,11 +329,11 @@ static berth_error *mem_read_events(berth_store *s, const char *id, uint64_t aft
     if (c->evs[i].seq <= after)
       continue;
     if (!v)
-      v = calloc(c->n_evs - i, sizeof *v);
+      v = berth_xcalloc(c->n_evs - i, sizeof *v);
     v[count].seq = c->evs[i].seq;
     v[count].turn = c->evs[i].turn;
-    v[count].kind = strdup(c->evs[i].kind);
-    v[count].data = strdup(c->evs[i].data);
+    v[count].kind = berth_xstrdup(c->evs[i].kind);
+    v[count].data = berth_xstrdup(c->evs[i].data);
     count++;
   }
   *out = v;

@@ -30,6 +30,7 @@
  * database and the host only.
  */
 #include "store_engine.h"
+#include "xalloc.h"
 
 #include <errno.h>
 #include <ev.h>
@@ -213,7 +214,7 @@ static void enqueue(pg *p, pgreq *q)
 
 static pgreq *req_new(req_kind kind)
 {
-  pgreq *q = calloc(1, sizeof *q);
+  pgreq *q = berth_xcalloc(1, sizeof *q);
   q->kind = kind;
   return q;
 }
@@ -820,7 +821,7 @@ static berth_error *describe(const char *url, char **name, double *timeout)
       *timeout = atoi(o->val);
   }
   size_t len = 64 + (db ? strlen(db) : 0) + (host ? strlen(host) : 0);
-  *name = malloc(len);
+  *name = berth_xmalloc(len);
   snprintf(*name, len, "database %s on %s", db && *db ? db : "(default)",
            host && *host ? host : "the default socket");
   PQconninfoFree(opts);
@@ -835,7 +836,7 @@ static berth_error *pg_open(berth_store *s, const char *where)
   berth_error *e = describe(s->url, &name, &timeout);
   if (e)
     return e;
-  pg *p = calloc(1, sizeof *p);
+  pg *p = berth_xcalloc(1, sizeof *p);
   p->s = s;
   p->name = name;
   p->timeout = timeout;
@@ -903,7 +904,7 @@ static void pg_settle(berth_store *s)
 
 static char *text_at(const PGresult *r, int row, int col)
 {
-  return PQgetisnull(r, row, col) ? NULL : strdup(PQgetvalue(r, row, col));
+  return PQgetisnull(r, row, col) ? NULL : berth_xstrdup(PQgetvalue(r, row, col));
 }
 
 static berth_store_status status_of(const char *name)
@@ -917,7 +918,7 @@ static berth_store_status status_of(const char *name)
 static void rows_conv(const PGresult *r, berth_store_conv **out, size_t *n)
 {
   int rows = r ? PQntuples(r) : 0;
-  berth_store_conv *v = rows ? calloc((size_t)rows, sizeof *v) : NULL;
+  berth_store_conv *v = rows ? berth_xcalloc((size_t)rows, sizeof *v) : NULL;
   for (int i = 0; i < rows; i++) {
     berth_store_conv *c = &v[i];
     c->order = (uint64_t)int_at(r, i, 0);
@@ -998,7 +999,7 @@ static berth_error *pg_load_messages(berth_store *s, const char *id, char ***out
   if (e)
     return e;
   int rows = r ? PQntuples(r) : 0;
-  char **t = rows ? calloc((size_t)rows, sizeof *t) : NULL;
+  char **t = rows ? berth_xcalloc((size_t)rows, sizeof *t) : NULL;
   for (int i = 0; i < rows; i++)
     t[i] = text_at(r, i, 0);
   PQclear(r);
@@ -1019,7 +1020,7 @@ static berth_error *pg_read_events(berth_store *s, const char *id, uint64_t afte
   if (e)
     return e;
   int rows = r ? PQntuples(r) : 0;
-  berth_store_event *ev = rows ? calloc((size_t)rows, sizeof *ev) : NULL;
+  berth_store_event *ev = rows ? berth_xcalloc((size_t)rows, sizeof *ev) : NULL;
   for (int i = 0; i < rows; i++) {
     ev[i].seq = (uint64_t)int_at(r, i, 0);
     ev[i].turn = (uint32_t)int_at(r, i, 1);

@@ -16,6 +16,7 @@
  * v + 1.  A file at a newer version than BERTH_STORE_SCHEMA is refused untouched.
  */
 #include "store_engine.h"
+#include "xalloc.h"
 
 #include <sqlite3.h>
 #include <stdio.h>
@@ -221,8 +222,8 @@ static berth_error *migrate(lite *l)
 
 static berth_error *lite_open(berth_store *s, const char *path)
 {
-  lite *l = calloc(1, sizeof *l);
-  l->path = strdup(path);
+  lite *l = berth_xcalloc(1, sizeof *l);
+  l->path = berth_xstrdup(path);
   s->engine = l;
   int rc = sqlite3_open_v2(path, &l->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                                          SQLITE_OPEN_NOMUTEX, NULL);
@@ -408,7 +409,7 @@ static void lite_apply(berth_store *s, berth_store_batch *b)
 static char *col_text(sqlite3_stmt *q, int i)
 {
   const unsigned char *t = sqlite3_column_text(q, i);
-  return t ? strdup((const char *)t) : NULL;
+  return t ? berth_xstrdup((const char *)t) : NULL;
 }
 
 static berth_store_status status_of(const char *name)
@@ -448,7 +449,7 @@ static berth_error *rows_conv(lite *l, sqlite3_stmt *q, berth_store_conv **out, 
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
     if (count == cap) {
       cap = cap ? 2 * cap : 16;
-      v = realloc(v, cap * sizeof *v);
+      v = berth_xrealloc(v, cap * sizeof *v);
     }
     memset(&v[count], 0, sizeof *v);
     row_conv(q, &v[count++]);
@@ -513,7 +514,7 @@ static berth_error *lite_load_messages(berth_store *s, const char *id, char ***o
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
     if (count == cap) {
       cap = cap ? 2 * cap : 16;
-      v = realloc(v, cap * sizeof *v);
+      v = berth_xrealloc(v, cap * sizeof *v);
     }
     v[count++] = col_text(q, 0);
   }
@@ -542,7 +543,7 @@ static berth_error *lite_read_events(berth_store *s, const char *id, uint64_t af
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
     if (count == cap) {
       cap = cap ? 2 * cap : 16;
-      v = realloc(v, cap * sizeof *v);
+      v = berth_xrealloc(v, cap * sizeof *v);
     }
     v[count].seq = (uint64_t)sqlite3_column_int64(q, 0);
     v[count].turn = (uint32_t)sqlite3_column_int64(q, 1);

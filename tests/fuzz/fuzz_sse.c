@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../runtime/core/xalloc.c"
 #include "../../runtime/models/sse.c"
 #include "../../runtime/models/openai_stream.c"
 
