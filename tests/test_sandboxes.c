@@ -116,16 +116,26 @@ static void guard_cb(struct ev_loop *loop, ev_timer *t, int revents)
 
 typedef bool (*pred_fn)(void *ud);
 
-/* Runs the loop until `pred` holds, failing after `limit` seconds. */
+static void tick_cb(struct ev_loop *loop, ev_timer *t, int revents)
+{
+}
+
+/* Runs the loop until `pred` holds, failing after `limit` seconds.  A predicate that
+ * reads something outside the loop (the proxy's counters) is asked again every 5 ms:
+ * otherwise it would be asked only when an event woke the loop, which can be the very
+ * answer the test means to act before (X56: a cancel meant to beat a delayed open). */
 static void loop_until(struct ev_loop *loop, pred_fn pred, void *ud, double limit)
 {
     bool expired = false;
-    ev_timer guard;
+    ev_timer guard, tick;
     ev_timer_init(&guard, guard_cb, limit, 0.);
     guard.data = &expired;
     ev_timer_start(loop, &guard);
+    ev_timer_init(&tick, tick_cb, 0.005, 0.005);
+    ev_timer_start(loop, &tick);
     while (!pred(ud) && !expired)
         ev_run(loop, EVRUN_ONCE);
+    ev_timer_stop(loop, &tick);
     ev_timer_stop(loop, &guard);
     if (!pred(ud))
         fail_msg("timed out after %.1f s", limit);
