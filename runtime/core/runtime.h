@@ -21,6 +21,7 @@
 #include <lua.h>
 
 #include "berth.h"
+#include "embed.h"                /* berth_error_new, berth_clock */
 #include "model.h"
 #include "plimsoll_sandboxes.h"
 #include "idmap.h"                /* lib/: the one id hash table */
@@ -161,10 +162,6 @@ typedef struct berth_counters {
 void berth_hist_add(berth_hist *hist, double seconds);
 void berth_count_error(berth_host *h, const char *source, const char *cls);
 void berth_counters_free(berth_counters *st);
-/* A monotonic clock in seconds (latencies). */
-double berth_clock(void);
-berth_error *berth_error_new(const char *code, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
 
 typedef struct berth_owner {     /* run id -> owner, recorded by sandbox.warm (H01) */
   char *run_id, *owner;

@@ -10,6 +10,7 @@
  */
 #include "store_engine.h"
 #include "xalloc.h"
+#include "embed.h"
 
 #include <ev.h>
 #include <stdarg.h>
@@ -17,10 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-berth_error *berth_error_new(const char *code, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
-double berth_clock(void);
 
 typedef struct pending_done {
   struct pending_done *next;

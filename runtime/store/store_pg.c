@@ -31,6 +31,7 @@
  */
 #include "store_engine.h"
 #include "xalloc.h"
+#include "embed.h"
 
 #include <errno.h>
 #include <ev.h>
@@ -42,10 +43,6 @@
 #include <string.h>
 
 #include "plimsoll.h"              /* the one UTF-8 checker */
-
-berth_error *berth_error_new(const char *code, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
-double berth_clock(void);
 
 /* How long a batch, a read or a connection attempt may wait for the server, unless
  * the URL's connect_timeout says otherwise. */

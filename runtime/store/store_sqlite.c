@@ -17,14 +17,12 @@
  */
 #include "store_engine.h"
 #include "xalloc.h"
+#include "embed.h"
 
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-berth_error *berth_error_new(const char *code, const char *fmt, ...)
-  __attribute__((format(printf, 2, 3)));
 
 /* migrations[v]: from version v to v + 1 (0: an empty file to the first schema). */
 static const char *const migrations[BERTH_STORE_SCHEMA] = {
