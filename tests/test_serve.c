@@ -79,24 +79,11 @@ static void stop(st_server *s, int want_status)
   free(s);
 }
 
-static char *url(const st_server *s, const char *fmt, ...)
-{
-  static char buf[4][256];
-  static int k;
-  char *b = buf[k++ % 4];
-  int n = snprintf(b, 256, "%s", s->url);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b + n, (size_t)(256 - n), fmt, ap);
-  va_end(ap);
-  return b;
-}
-
 /* POST /v1/conversations → the new id (copied into id). */
 static void create(st_server *s, int caller, const char *body, char id[40])
 {
   json_t *j = NULL;
-  long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[caller], body, &j);
+  long status = st_call_json("POST", st_url(s, "/v1/conversations"), s->token[caller], body, &j);
   assert_int_equal(status, 201);
   const char *v = json_string_value(json_object_get(j, "id"));
   assert_non_null(v);
@@ -113,7 +100,7 @@ static json_t *turn(st_server *s, int caller, const char *id, const char *messag
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   char *out = NULL;
-  *status = st_call("POST", url(s, "/v1/conversations/%s/messages", id), s->token[caller],
+  *status = st_call("POST", st_url(s, "/v1/conversations/%s/messages", id), s->token[caller],
                     text, &out);
   free(text);
   json_t *events = *status == 200 ? st_sse_parse(out, strlen(out)) : json_loads(out, 0, NULL);
@@ -147,22 +134,6 @@ static char *names(const json_t *events)
 static const char *error_code(const json_t *body)
 {
   return json_string_value(json_object_get(json_object_get(body, "error"), "code"));
-}
-
-typedef struct seen {
-  st_stream *st;
-  const char *event;
-} seen;
-
-static bool saw_event(void *ud)
-{
-  seen *w = ud;
-  return w->st->buf && strstr(w->st->buf, w->event);
-}
-
-static bool stream_done(void *ud)
-{
-  return ((st_stream *)ud)->done;
 }
 
 /* {====================================================== the happy path */
@@ -210,21 +181,21 @@ static void test_create_message_delete(void **state)
   json_decref(ev);
 
   json_t *j = NULL;
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 200);
   assert_int_equal(json_integer_value(json_object_get(j, "turns")), 2);
   assert_true(json_is_false(json_object_get(j, "busy")));
   json_decref(j);
 
   long closes = fault_forwarded(&proxy, "CloseSession");
-  assert_int_equal(st_call_json("DELETE", url(s, "/v1/conversations/%s", id), s->token[0],
+  assert_int_equal(st_call_json("DELETE", st_url(s, "/v1/conversations/%s", id), s->token[0],
                                 NULL, &j), 200);
   assert_true(json_is_true(json_object_get(j, "completed")));
   json_decref(j);
   /* onComplete disposed the sandbox before the answer came */
   assert_int_equal(fault_forwarded(&proxy, "CloseSession"), closes + 1);
   /* and the conversation is gone */
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 404);
   json_decref(j);
   ev = turn(s, 0, id, "1", &status);
@@ -254,9 +225,9 @@ static void test_user_and_queueing_in_one_conversation(void **state)
   CURLM *m = curl_multi_init();
   st_stream a, b;
   a.ud = b.ud = NULL;
-  st_stream_start(&a, m, url(s, "/v1/conversations/%s/messages", id), s->token[1],
+  st_stream_start(&a, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[1],
                   "{\"content\": \"plimsoll-echo:sleep:300\"}");
-  st_stream_start(&b, m, url(s, "/v1/conversations/%s/messages", id), s->token[1],
+  st_stream_start(&b, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[1],
                   "{\"content\": \"y = 2\"}");
   st_stream *both[2] = {&a, &b};
   assert_true(st_pump(m, all_done, both, WAIT));
@@ -291,9 +262,9 @@ static void test_other_callers_conversation_is_404(void **state)
   create(s, 0, NULL, id);
   char *unknown_body = NULL, *other_body = NULL;
   /* an id nobody has, and alice's id asked by bob: the same answer */
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", "0123456789abcdef0123456789abcdef"),
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s", "0123456789abcdef0123456789abcdef"),
                            s->token[1], NULL, &unknown_body), 404);
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", id), s->token[1], NULL,
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s", id), s->token[1], NULL,
                            &other_body), 404);
   assert_string_equal(unknown_body, other_body);
   free(unknown_body);
@@ -303,11 +274,11 @@ static void test_other_callers_conversation_is_404(void **state)
   assert_int_equal(status, 404);
   assert_string_equal(error_code(ev), "not_found");
   json_decref(ev);
-  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", id), s->token[1], NULL,
+  assert_int_equal(st_call("DELETE", st_url(s, "/v1/conversations/%s", id), s->token[1], NULL,
                            NULL), 404);
   /* nothing changed for alice: no turn ran, her conversation works */
   json_t *j = NULL;
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 200);
   assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
   json_decref(j);
@@ -325,17 +296,17 @@ static void test_401_without_a_token(void **state)
   (void)state;
   st_server *s = serve(NULL);
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), NULL, NULL, &j), 401);
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), NULL, NULL, &j), 401);
   assert_string_equal(error_code(j), "unauthenticated");
   json_decref(j);
-  assert_int_equal(st_call("POST", url(s, "/v1/conversations"), "not-a-token", NULL, NULL), 401);
-  assert_int_equal(st_call("GET", url(s, "/metrics"), NULL, NULL, NULL), 401);
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), "not-a-token", NULL, NULL), 401);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), NULL, NULL, NULL), 401);
   /* a token of the file, but not as a bearer token */
   CURL *e = curl_easy_init();
   char hdr[128];
   snprintf(hdr, sizeof hdr, "Authorization: Basic %s", s->token[0]);
   struct curl_slist *h = curl_slist_append(NULL, hdr);
-  curl_easy_setopt(e, CURLOPT_URL, url(s, "/v1/conversations"));
+  curl_easy_setopt(e, CURLOPT_URL, st_url(s, "/v1/conversations"));
   curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
   FILE *null = fopen("/dev/null", "w");
@@ -348,12 +319,12 @@ static void test_401_without_a_token(void **state)
   curl_slist_free_all(h);
   curl_easy_cleanup(e);
   /* health needs no token */
-  assert_int_equal(st_call_json("GET", url(s, "/healthz"), NULL, NULL, &j), 200);
+  assert_int_equal(st_call_json("GET", st_url(s, "/healthz"), NULL, NULL, &j), 200);
   assert_string_equal(json_string_value(json_object_get(j, "status")), "ok");
   json_decref(j);
   /* and nothing was created */
   char *metrics = NULL;
-  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
   assert_non_null(strstr(metrics, "\nberth_conversations_opened_total 0\n"));
   free(metrics);
   stop(s, 0);
@@ -369,7 +340,7 @@ static void test_400_malformed_input_changes_nothing(void **state)
   };
   for (int i = 0; bad_create[i]; i++) {
     json_t *j = NULL;
-    long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[0], bad_create[i],
+    long status = st_call_json("POST", st_url(s, "/v1/conversations"), s->token[0], bad_create[i],
                                &j);
     if (status != 400)
       fail_msg("create with %s: %ld", bad_create[i], status);
@@ -385,7 +356,7 @@ static void test_400_malformed_input_changes_nothing(void **state)
   };
   for (int i = 0; bad_message[i]; i++) {
     json_t *j = NULL;
-    long status = st_call_json("POST", url(s, "/v1/conversations/%s/messages", id),
+    long status = st_call_json("POST", st_url(s, "/v1/conversations/%s/messages", id),
                                s->token[0], bad_message[i], &j);
     if (status != 400)
       fail_msg("message %s: %ld", bad_message[i], status);
@@ -393,26 +364,26 @@ static void test_400_malformed_input_changes_nothing(void **state)
     json_decref(j);
   }
   /* a body that is not JSON by its type */
-  assert_int_equal(st_call_type("POST", url(s, "/v1/conversations"), s->token[0], "a=b",
+  assert_int_equal(st_call_type("POST", st_url(s, "/v1/conversations"), s->token[0], "a=b",
                                 "application/x-www-form-urlencoded", NULL), 415);
   /* routes and methods */
   json_t *j = NULL;
-  assert_int_equal(st_call_json("PUT", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("PUT", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 405);
   assert_string_equal(error_code(j), "method_not_allowed");
   json_decref(j);
-  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations"), s->token[0], NULL, NULL),
+  assert_int_equal(st_call("DELETE", st_url(s, "/v1/conversations"), s->token[0], NULL, NULL),
                    405);
-  assert_int_equal(st_call("GET", url(s, "/v2/nothing"), s->token[0], NULL, NULL), 404);
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/other", id), s->token[0], NULL,
+  assert_int_equal(st_call("GET", st_url(s, "/v2/nothing"), s->token[0], NULL, NULL), 404);
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s/other", id), s->token[0], NULL,
                            NULL), 404);
   /* one conversation, no turn, no cell: the bad requests changed nothing */
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 200);
   assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
   json_decref(j);
   char *metrics = NULL;
-  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
   assert_non_null(strstr(metrics, "\nberth_conversations 1\n"));
   assert_non_null(strstr(metrics, "\nberth_conversations_opened_total 1\n"));
   assert_non_null(strstr(metrics, "\nberth_turns_started_total 0\n"));
@@ -434,7 +405,7 @@ static void test_400_reason_is_json_even_for_ill_formed_bytes(void **state)
                                 NULL};
   for (int i = 0; bodies[i]; i++) {
     json_t *j = NULL;
-    long status = st_call_json("POST", url(s, "/v1/conversations"), s->token[0], bodies[i],
+    long status = st_call_json("POST", st_url(s, "/v1/conversations"), s->token[0], bodies[i],
                                &j);
     if (status != 400)
       fail_msg("create with body %d: %ld", i, status);
@@ -458,7 +429,7 @@ static void test_413_oversized_body(void **state)
   char *big = malloc(n + 32);
   snprintf(big, n + 32, "{\"content\": \"%0*d\"}", (int)n, 0);
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations/%s/messages", id),
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations/%s/messages", id),
                                 s->token[0], big, &j), 413);
   assert_string_equal(error_code(j), "payload_too_large");
   json_decref(j);
@@ -469,7 +440,7 @@ static void test_413_oversized_body(void **state)
   struct curl_slist *h = curl_slist_append(NULL, hdr);
   h = curl_slist_append(h, "Transfer-Encoding: chunked");
   h = curl_slist_append(h, "Content-Type: application/json");
-  curl_easy_setopt(e, CURLOPT_URL, url(s, "/v1/conversations/%s/messages", id));
+  curl_easy_setopt(e, CURLOPT_URL, st_url(s, "/v1/conversations/%s/messages", id));
   curl_easy_setopt(e, CURLOPT_POSTFIELDS, big);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
   FILE *null = fopen("/dev/null", "w");
@@ -483,7 +454,7 @@ static void test_413_oversized_body(void **state)
   curl_easy_cleanup(e);
   free(big);
   /* no turn started; the conversation still takes a small message */
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                                 &j), 200);
   assert_int_equal(json_integer_value(json_object_get(j, "turns")), 0);
   json_decref(j);
@@ -505,16 +476,16 @@ static void test_delete_waits_and_clients_may_leave(void **state)
   create(s, 0, NULL, b);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", a), s->token[0],
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", a), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:400\"}");
-  seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, saw_event, &w, WAIT));
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
   json_t *j = NULL;
-  assert_int_equal(st_call_json("DELETE", url(s, "/v1/conversations/%s", a), s->token[0],
+  assert_int_equal(st_call_json("DELETE", st_url(s, "/v1/conversations/%s", a), s->token[0],
                                 NULL, &j), 200);
   json_decref(j);
   /* the DELETE answered after the turn: its stream is complete */
-  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_true(st_pump(m, st_done, &st, WAIT));
   json_t *events = st_stream_events(&st);
   assert_string_equal(names(events), "tool_call tool_result delta message turn_end");
   json_decref(events);
@@ -522,10 +493,10 @@ static void test_delete_waits_and_clients_may_leave(void **state)
 
   /* b: the client hangs up while its cell runs */
   st_stream gone = {0};
-  st_stream_start(&gone, m, url(s, "/v1/conversations/%s/messages", b), s->token[0],
+  st_stream_start(&gone, m, st_url(s, "/v1/conversations/%s/messages", b), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:300\"}");
-  seen w2 = {&gone, "event: tool_call"};
-  assert_true(st_pump(m, saw_event, &w2, WAIT));
+  st_seen w2 = {&gone, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w2, WAIT));
   st_stream_free(&gone, m);     /* closes the connection */
   curl_multi_cleanup(m);
   /* the turn still ends; the next one runs in the same sandbox */
@@ -539,7 +510,7 @@ static void test_delete_waits_and_clients_may_leave(void **state)
                       "python 2: after = 1");
   json_decref(ev);
   char *metrics = NULL;
-  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
   assert_non_null(strstr(metrics, "\nberth_http_streams 0\n"));
   free(metrics);
   stop(s, 0);
@@ -560,7 +531,7 @@ static void test_capacity_at_max_conversations(void **state)
   create(s, 0, NULL, a);
   create(s, 1, NULL, b);
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[0], NULL, &j),
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), s->token[0], NULL, &j),
                    429);
   assert_string_equal(error_code(j), "capacity");
   assert_non_null(strstr(json_string_value(json_object_get(json_object_get(j, "error"),
@@ -568,11 +539,11 @@ static void test_capacity_at_max_conversations(void **state)
   json_decref(j);
   /* the refused one left no trace; deleting one makes room */
   char *metrics = NULL;
-  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics);
   assert_non_null(strstr(metrics, "\nberth_conversations 2\n"));
   assert_non_null(strstr(metrics, "berth_errors_total{source=\"host\",class=\"capacity\"} 1\n"));
   free(metrics);
-  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", a), s->token[0], NULL, NULL),
+  assert_int_equal(st_call("DELETE", st_url(s, "/v1/conversations/%s", a), s->token[0], NULL, NULL),
                    200);
   create(s, 0, NULL, c);
   stop(s, 0);
@@ -582,7 +553,7 @@ static void test_capacity_at_max_conversations(void **state)
 static void assert_caller_refused(st_server *s, int caller, const char *limit)
 {
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[caller], NULL,
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), s->token[caller], NULL,
                                 &j), 429);
   assert_string_equal(error_code(j), "capacity");
   const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
@@ -611,7 +582,7 @@ static void test_capacity_per_caller(void **state)
   assert_caller_refused(s, 1, "2");
   /* the refusals left no trace: four open; a turn still runs */
   char *metrics = NULL;
-  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics);
   assert_non_null(strstr(metrics, "\nberth_conversations 4\n"));
   free(metrics);
   long status;
@@ -620,7 +591,7 @@ static void test_capacity_per_caller(void **state)
   assert_string_equal(names(ev), "tool_call tool_result delta message turn_end");
   json_decref(ev);
   /* a delete frees the caller's slot */
-  assert_int_equal(st_call("DELETE", url(s, "/v1/conversations/%s", a), s->token[0], NULL,
+  assert_int_equal(st_call("DELETE", st_url(s, "/v1/conversations/%s", a), s->token[0], NULL,
                            NULL), 200);
   create(s, 0, NULL, e);
   assert_caller_refused(s, 0, "2");
@@ -679,7 +650,7 @@ static void test_max_sandboxes_closes_the_idle_one(void **state)
   assert_int_equal(fault_forwarded(&proxy, "OpenSession"), 3);
   assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 2);
   char *metrics = NULL;
-  st_call("GET", url(s, "/metrics"), s->token[0], NULL, &metrics);
+  st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics);
   assert_non_null(strstr(metrics, "\nberth_sandboxes 1\n"));
   free(metrics);
   stop(s, 0);
@@ -694,7 +665,7 @@ static bool first_running_second_queued(void *ud)
 {
   three *t = ud;
   char *metrics = NULL;
-  st_call("GET", url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
+  st_call("GET", st_url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
   bool ok = strstr(metrics, "\nberth_turns_running 1\n") &&
             strstr(metrics, "\nberth_messages_queued 1\n");
   free(metrics);
@@ -705,7 +676,7 @@ static bool first_running(void *ud)
 {
   three *t = ud;
   char *metrics = NULL;
-  st_call("GET", url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
+  st_call("GET", st_url(t->s, "/metrics"), t->s->token[0], NULL, &metrics);
   bool ok = strstr(metrics, "\nberth_turns_running 1\n") != NULL;
   free(metrics);
   return ok;
@@ -734,12 +705,12 @@ static void test_turn_queue_and_capacity(void **state)
   CURLM *m = curl_multi_init();
   st_stream sa = {0}, sb = {0};
   three t = {{&sa, &sb, NULL}, s};
-  st_stream_start(&sa, m, url(s, "/v1/conversations/%s/messages", a), s->token[0],
+  st_stream_start(&sa, m, st_url(s, "/v1/conversations/%s/messages", a), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:500\"}");
   /* a's turn starts once its message is stored (a loop iteration later): until then a
    * is the one queued message, and b would be refused for the queue's bound. */
   assert_true(st_pump(m, first_running, &t, WAIT));
-  st_stream_start(&sb, m, url(s, "/v1/conversations/%s/messages", b), s->token[0],
+  st_stream_start(&sb, m, st_url(s, "/v1/conversations/%s/messages", b), s->token[0],
                   "{\"content\": \"b = 1\"}");
   assert_true(st_pump(m, first_running_second_queued, &t, WAIT));
   long status;
@@ -819,14 +790,14 @@ static void test_metrics_parse_and_move(void **state)
   (void)state;
   st_server *s = serve(NULL);
   char *before = NULL, *after = NULL;
-  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[1], NULL, &before), 200);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[1], NULL, &before), 200);
   char id[40];
   create(s, 0, NULL, id);
   long status;
   json_t *ev = turn(s, 0, id, "m = 1", &status);
   assert_int_equal(status, 200);
   json_decref(ev);
-  assert_int_equal(st_call("GET", url(s, "/metrics"), s->token[1], NULL, &after), 200);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[1], NULL, &after), 200);
   static const struct { const char *name; double moved; } want[] = {
     {"berth_conversations", 1},
     {"berth_conversations_opened_total", 1},
@@ -897,7 +868,7 @@ static void test_metrics_listen_serves_metrics_without_a_token(void **state)
   assert_int_equal(st_call("GET", other, s->token[0], NULL, NULL), 404);
   assert_int_equal(st_call("POST", s->metrics_url, NULL, "{}", NULL), 405);
   /* the API's own /metrics still needs a caller's token */
-  assert_int_equal(st_call("GET", url(s, "/metrics"), NULL, NULL, NULL), 401);
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), NULL, NULL, NULL), 401);
   stop(s, 0);
 }
 
@@ -921,13 +892,13 @@ static void test_sigterm_finishes_turns_and_disposes(void **state)
   create(s, 1, NULL, busy);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", busy), s->token[1],
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", busy), s->token[1],
                   "{\"content\": \"plimsoll-echo:sleep:800\"}");
-  seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, saw_event, &w, WAIT));      /* the cell is running now */
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));      /* the cell is running now */
   assert_int_equal(fault_forwarded(&proxy, "CloseSession"), 0);
   kill(s->pid, SIGTERM);
-  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_true(st_pump(m, st_done, &st, WAIT));
   assert_int_equal(st.status, 200);
   assert_int_equal(st.result, CURLE_OK);
   json_t *events = st_stream_events(&st);
@@ -954,7 +925,7 @@ static void test_sigterm_finishes_turns_and_disposes(void **state)
   assert_non_null(strstr(log, busy));
   free(log);
   /* nothing listens any more */
-  assert_int_equal(st_call("GET", url(s, "/healthz"), NULL, NULL, NULL), 0);
+  assert_int_equal(st_call("GET", st_url(s, "/healthz"), NULL, NULL, NULL), 0);
   stop(s, -1);                  /* already gone */
 }
 
@@ -969,13 +940,13 @@ static void test_sigterm_cancels_after_the_grace(void **state)
   create(s, 0, NULL, id);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:4000\"}");
-  seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, saw_event, &w, WAIT));
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
   double t0 = st_now();
   kill(s->pid, SIGTERM);
-  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_true(st_pump(m, st_done, &st, WAIT));
   assert_true(st_now() - t0 < 2.5);  /* well before the cell's 4 s */
   json_t *events = st_stream_events(&st);
   assert_string_equal(names(events), "tool_call error turn_end");
@@ -1010,15 +981,15 @@ static void test_I11_9_an_idle_connection_flood_locks_no_caller_out(void **state
   create(s, 0, NULL, id);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:2500\"}");
-  seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, saw_event, &w, WAIT));
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
   flood f;
   double t0 = st_now();
   assert_int_equal(flood_open(&f, port, 400), 0);
   create(s, 1, NULL, other);           /* a new caller, in the flood */
-  assert_true(st_pump(m, stream_done, &st, WAIT));
+  assert_true(st_pump(m, st_done, &st, WAIT));
   assert_int_equal(st.status, 200);
   json_t *events = st_stream_events(&st);
   assert_string_equal(names(events), "tool_call tool_result delta message turn_end");
@@ -1197,7 +1168,7 @@ static void test_operators_json_log_access_records_hook_error_ids_readyz(void **
   /* The POST's access record follows its answer: each /readyz is a loop turn later. */
   bool access_logged = false;
   for (int i = 0; i < 50 && !access_logged; i++) {
-    assert_int_equal(st_call("GET", url(s, "/readyz"), NULL, NULL, NULL), 200);
+    assert_int_equal(st_call("GET", st_url(s, "/readyz"), NULL, NULL, NULL), 200);
     access_logged = log_checks(s, id, eid);
   }
   assert_true(access_logged);

@@ -63,23 +63,10 @@ static const char *const *args(void)
   return a;
 }
 
-static char *url(const st_server *s, const char *fmt, ...)
-{
-  static char buf[4][256];
-  static int k;
-  char *b = buf[k++ % 4];
-  int n = snprintf(b, 256, "%s", s->url);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b + n, (size_t)(256 - n), fmt, ap);
-  va_end(ap);
-  return b;
-}
-
 static void create(st_server *s, int caller, char id[40])
 {
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[caller],
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), s->token[caller],
                                 "{\"userId\": \"u\", \"metadata\": {\"n\": 1}}", &j), 201);
   snprintf(id, 40, "%s", json_string_value(json_object_get(j, "id")));
   json_decref(j);
@@ -93,7 +80,7 @@ static json_t *turn(st_server *s, int caller, const char *id, const char *messag
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   char *out = NULL;
-  *status = st_call("POST", url(s, "/v1/conversations/%s/messages", id), s->token[caller],
+  *status = st_call("POST", st_url(s, "/v1/conversations/%s/messages", id), s->token[caller],
                     text, &out);
   free(text);
   json_t *events = *status == 200 ? st_sse_parse(out, strlen(out)) : NULL;
@@ -123,7 +110,7 @@ static bool fresh_sandbox(json_t *events)
 static json_t *history(st_server *s, const char *id)
 {
   json_t *j = NULL;
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations/%s/messages", id),
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations/%s/messages", id),
                                 s->token[0], NULL, &j), 200);
   json_t *m = json_incref(json_object_get(j, "messages"));
   json_decref(j);
@@ -188,7 +175,7 @@ static void test_restart_keeps_every_conversation_history_and_state(void **state
   char cursor[32] = "";
   for (;;) {
     json_t *j = NULL;
-    assert_int_equal(st_call_json("GET", url(s, "/v1/conversations?limit=300%s%s",
+    assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations?limit=300%s%s",
                                              *cursor ? "&cursor=" : "", cursor),
                                   s->token[0], NULL, &j), 200);
     json_t *list = json_object_get(j, "conversations");
@@ -209,7 +196,7 @@ static void test_restart_keeps_every_conversation_history_and_state(void **state
   }
   assert_int_equal(listed, n);
   json_t *other = NULL;
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations"), s->token[1], NULL,
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations"), s->token[1], NULL,
                                 &other), 200);
   assert_int_equal(json_array_size(json_object_get(other, "conversations")), 0);
   json_decref(other);
@@ -251,7 +238,7 @@ static void test_restart_keeps_every_conversation_history_and_state(void **state
 
   /* A wrong id is 404, and so is another caller's; a known one is not. */
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations/%s/messages",
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations/%s/messages",
                                             "0123456789abcdef0123456789abcdef"),
                                 s->token[0], "{\"content\": \"a\"}", &j), 404);
   assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
@@ -259,9 +246,9 @@ static void test_restart_keeps_every_conversation_history_and_state(void **state
   json_decref(j);
   ev = turn(s, 1, ids[0], "a", &status, NULL);
   assert_int_equal(status, 404);
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/messages", ids[0]),
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s/messages", ids[0]),
                            s->token[1], NULL, NULL), 404);
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", ids[0]), s->token[0], NULL,
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s", ids[0]), s->token[0], NULL,
                            NULL), 200);
   /* the log holds no token (conversations it names by their public id) */
   char *log = st_read_log(s);
@@ -276,22 +263,6 @@ static void test_restart_keeps_every_conversation_history_and_state(void **state
 
 /* {====================================================== interrupted */
 
-typedef struct seen {
-  st_stream *st;
-  const char *what;
-} seen;
-
-static bool saw(void *ud)
-{
-  seen *w = ud;
-  return w->st->buf && memmem(w->st->buf, w->st->len, w->what, strlen(w->what));
-}
-
-static bool done(void *ud)
-{
-  return ((st_stream *)ud)->done;
-}
-
 /* A turn running when its host is SIGKILLed is marked interrupted: replaying its
  * events (?after=N; Last-Event-ID is read the same way) ends in an `error` event with code interrupted
  * and a failed turn_end; the conversation is listed interrupted and goes on with its
@@ -305,17 +276,17 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
   create(s, 0, id);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:3000\"}");
-  seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, saw, &w, WAIT));
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
   assert_non_null(memmem(st.buf, st.len, "id: ", 4));   /* SSE events carry ids */
   assert_int_equal(st_restart(s, SIGKILL, args()), 128 + SIGKILL);
-  st_pump(m, done, &st, WAIT);
+  st_pump(m, st_done, &st, WAIT);
   st_stream_free(&st, m);
 
   char *raw = NULL;
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/events?after=0", id),
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s/events?after=0", id),
                            s->token[0], NULL, &raw), 200);
   json_t *ev = st_sse_parse(raw, strlen(raw));
   free(raw);
@@ -337,7 +308,7 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
   json_decref(ev);
 
   /* after=N: only what came after that event (the error, the turn's end) */
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s/events?after=%zu", id, k - 2),
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s/events?after=%zu", id, k - 2),
                            s->token[0], NULL, &raw), 200);
   ev = st_sse_parse(raw, strlen(raw));
   free(raw);
@@ -346,7 +317,7 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
                       "error");
   json_decref(ev);
   json_t *list = NULL;
-  assert_int_equal(st_call_json("GET", url(s, "/v1/conversations"), s->token[0], NULL, &list),
+  assert_int_equal(st_call_json("GET", st_url(s, "/v1/conversations"), s->token[0], NULL, &list),
                    200);
   assert_string_equal(json_string_value(json_object_get(
     json_array_get(json_object_get(list, "conversations"), 0), "status")), "interrupted");

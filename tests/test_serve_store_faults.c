@@ -51,19 +51,6 @@ static const char script_call[] =
   "  { user = '*', replies = { { call = { code = '{{user}}' } }, { say = 'got: {{user}}' } } } "
   "} }\n";
 
-static char *url(const st_server *s, const char *fmt, ...)
-{
-  static char buf[4][256];
-  static int k;
-  char *b = buf[k++ % 4];
-  int n = snprintf(b, 256, "%s", s->url);
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(b + n, (size_t)(256 - n), fmt, ap);
-  va_end(ap);
-  return b;
-}
-
 static char *slurp(const char *path)
 {
   FILE *f = fopen(path, "r");
@@ -215,7 +202,7 @@ static void test_serve_refuses_a_store_of_a_newer_berth(void **state)
 static void create(st_server *s, char id[40])
 {
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), s->token[0], "{}", &j),
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), s->token[0], "{}", &j),
                    201);
   snprintf(id, 40, "%s", json_string_value(json_object_get(j, "id")));
   json_decref(j);
@@ -226,14 +213,14 @@ static long say(st_server *s, const char *id, const char *text, char **body)
 {
   char msg[200];
   snprintf(msg, sizeof msg, "{\"content\": \"%s\"}", text);
-  return st_call("POST", url(s, "/v1/conversations/%s/messages", id), s->token[0], msg, body);
+  return st_call("POST", st_url(s, "/v1/conversations/%s/messages", id), s->token[0], msg, body);
 }
 
 /* The user messages of the stored history, joined by "|" ("|a|b|"). */
 static char *user_history(st_server *s, const char *id)
 {
   json_t *j = NULL;
-  long st = st_call_json("GET", url(s, "/v1/conversations/%s/messages", id), s->token[0],
+  long st = st_call_json("GET", st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
                          NULL, &j);
   if (st != 200) {
     char *log = st_read_log(s);
@@ -252,22 +239,6 @@ static char *user_history(st_server *s, const char *id)
   }
   json_decref(j);
   return out;
-}
-
-typedef struct seen {
-  st_stream *st;
-  const char *what;
-} seen;
-
-static bool saw(void *ud)
-{
-  seen *w = ud;
-  return w->st->buf && memmem(w->st->buf, w->st->len, w->what, strlen(w->what));
-}
-
-static bool done(void *ud)
-{
-  return ((st_stream *)ud)->done;
 }
 
 /* Fills the file system of `dir` with `path` until it has no room; 0 when full. */
@@ -341,12 +312,12 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
    * writes at its end fails, and must not be lost. */
   CURLM *m = curl_multi_init();
   st_stream running = {0};
-  st_stream_start(&running, m, url(s, "/v1/conversations/%s/messages", id), s->token[0],
+  st_stream_start(&running, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
                   "{\"content\": \"plimsoll-echo:sleep:300\"}");
-  seen w = {&running, "event: tool_call"};
-  assert_true(st_pump(m, saw, &w, 20));
+  st_seen w = {&running, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, 20));
   assert_int_equal(fill(filler), 0);
-  assert_true(st_pump(m, done, &running, 20));
+  assert_true(st_pump(m, st_done, &running, 20));
   assert_int_equal(running.status, 200);
   assert_non_null(memmem(running.buf, running.len, "event: turn_end", 15));
   st_stream_free(&running, m);
@@ -432,7 +403,7 @@ static bool answers(st_server *s, const char *token, long want)
 {
   double deadline = st_now() + 5;
   for (;;) {
-    long st = st_call("GET", url(s, "/v1/conversations"), token, NULL, NULL);
+    long st = st_call("GET", st_url(s, "/v1/conversations"), token, NULL, NULL);
     if (st == want)
       return true;
     if (st_now() > deadline)
@@ -465,7 +436,7 @@ static void test_sighup_reads_the_token_file_again(void **state)
   st_server *s = calloc(1, sizeof *s);
   assert_int_equal(st_start(s, script, NULL), 0);
   const char *fresh = "f00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeed";
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations"), fresh, NULL, NULL), 401);
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations"), fresh, NULL, NULL), 401);
   char id[40];
   create(s, id);                 /* caller 0's */
 
@@ -479,10 +450,10 @@ static void test_sighup_reads_the_token_file_again(void **state)
   assert_true(answers(s, fresh, 200));
   assert_true(answers(s, s->token[1], 401));
   /* caller 0 kept its conversation */
-  assert_int_equal(st_call("GET", url(s, "/v1/conversations/%s", id), s->token[0], NULL,
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL,
                            NULL), 200);
   json_t *j = NULL;
-  assert_int_equal(st_call_json("POST", url(s, "/v1/conversations"), fresh, "{}", &j), 201);
+  assert_int_equal(st_call_json("POST", st_url(s, "/v1/conversations"), fresh, "{}", &j), 201);
   json_decref(j);
 
   /* a file with no token changes nothing */

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -516,3 +517,27 @@ json_t *st_stream_events(const st_stream *st)
 }
 
 /* }====================================================== */
+
+char *st_url(const st_server *s, const char *fmt, ...)
+{
+  static char buf[4][256];
+  static int k;
+  char *b = buf[k++ % 4];
+  int n = snprintf(b, 256, "%s", s->url);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b + n, (size_t)(256 - n), fmt, ap);
+  va_end(ap);
+  return b;
+}
+
+bool st_saw(void *seen)
+{
+  st_seen *w = seen;
+  return w->st->buf && memmem(w->st->buf, w->st->len, w->what, strlen(w->what));
+}
+
+bool st_done(void *stream)
+{
+  return ((st_stream *)stream)->done;
+}

@@ -90,4 +90,16 @@ json_t *st_stream_events(const st_stream *st);
 
 double st_now(void);
 
+/* s->url followed by the printf-formatted path, in one of four rotating static buffers
+ * (so a call may hold a few at once). */
+char *st_url(const st_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* st_pump predicates: the stream has received `what` (st_seen), or is done. */
+typedef struct st_seen {
+  st_stream *st;
+  const char *what;
+} st_seen;
+bool st_saw(void *seen);
+bool st_done(void *stream);
+
 #endif
