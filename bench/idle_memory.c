@@ -29,6 +29,7 @@
 #include <ev.h>
 #include <lua.h>
 
+#include "benchhost.h"
 #include "benchjson.h"
 #include "berth.h"
 #include "plimsoll.h"
@@ -66,13 +67,6 @@ static void on_limit(struct ev_loop *loop, ev_timer *w, int revents)
   (void)revents;
   ((bench *)w->data)->timed_out = true;
   ev_break(loop, EVBREAK_ALL);
-}
-
-static void quiet(void *ud, berth_log_level level, const char *m)
-{
-  (void)ud;
-  if (level == BERTH_LOG_ERROR)
-    fprintf(stderr, "berth: %s\n", m);
 }
 
 typedef struct snap {
@@ -155,30 +149,19 @@ int main(int argc, char **argv)
   memset(&b, 0, sizeof b);
   b.n = n;
   b.loop = ev_loop_new(EVFLAG_AUTO);
-  char script[] = "/tmp/berth-bench-idle-XXXXXX.lua";
-  int fd = mkstemps(script, 4);
-  const char text[] =
-    "return { loop = true, turns = { { user = '*', replies = { { say = 'ok' } } } } }\n";
-  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
-    return 1;
-  close(fd);
-  char spec[64], hooks[4096];
-  snprintf(spec, sizeof spec, "scripted:%s", script);
+  char hooks[4096];
   snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
-  berth_model *model = NULL;
-  berth_error *e = berth_model_open(b.loop, spec, &model);
-  unlink(script);
-  if (e) {
-    fprintf(stderr, "idle_memory: %s\n", e->message);
+  berth_model *model = bh_ok_model(b.loop, "idle_memory");
+  if (!model)
     return 1;
-  }
+  berth_error *e = NULL;
   berth_options o;
   berth_options_init(&o);
   o.loop = b.loop;
   o.hooks_file = hooks;
   o.lib_dir = scripts;
   o.model = model;
-  o.log = quiet;
+  o.log = bh_quiet;
   o.idle_timeout = 3600;         /* suspended below, on purpose */
   if (sandboxd) {
     o.daemon_url = sbx.url;

@@ -31,6 +31,7 @@
 #include <ev.h>
 #include <lua.h>
 
+#include "benchhost.h"
 #include "benchjson.h"
 #include "berth.h"
 #include "plimsoll.h"
@@ -47,21 +48,6 @@ typedef struct bench {
   unsigned long long want;       /* turns to wait for */
   bool stop;
 } bench;
-
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double cpu(void)
-{
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
 {
@@ -87,13 +73,6 @@ static void on_limit(struct ev_loop *loop, ev_timer *w, int revents)
   ev_break(loop, EVBREAK_ALL);
 }
 
-static void quiet(void *ud, berth_log_level level, const char *m)
-{
-  (void)ud;
-  if (level == BERTH_LOG_ERROR)
-    fprintf(stderr, "berth: %s\n", m);
-}
-
 static berth_error *host_on(bench *b, berth_store *st, berth_model *model, const char *scripts)
 {
   char hooks[4096];
@@ -104,7 +83,7 @@ static berth_error *host_on(bench *b, berth_store *st, berth_model *model, const
   o.hooks_file = hooks;
   o.lib_dir = scripts;
   o.model = model;
-  o.log = quiet;
+  o.log = bh_quiet;
   o.store = st;
   o.idle_timeout = 3600;
   berth_callbacks cb = {NULL, NULL, NULL, NULL, NULL, on_turn_end, NULL, NULL, NULL, b};
@@ -175,12 +154,12 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
   }
   berth_store_stats s0, s1;
   b.want = (unsigned long long)n * turns;
-  double w0 = now(), c0 = cpu();
+  double w0 = bh_now(), c0 = bh_cpu();
   berth_store_get_stats(st, &s0);
   for (i = 0; i < n; i++)
     berth_conv_send(convs[i], "hello");
   run(&b, limit);
-  double wall = now() - w0, cpu_s = cpu() - c0;
+  double wall = bh_now() - w0, cpu_s = bh_cpu() - c0;
   berth_store_get_stats(st, &s1);
   r->turns = b.ended;
   r->failed = b.failed;
@@ -217,7 +196,7 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
   for (unsigned k = 0; k < probes && !memory; k++) {
     unsigned at = (unsigned)((unsigned long long)k * n / probes);
     berth_conv *c;
-    double t0 = now();
+    double t0 = bh_now();
     berth_conv_options co = {0};
     co.store_id = ids[at];
     if ((e = berth_conv_open(b.h, &co, &c))) {
@@ -228,12 +207,12 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
     b.want = b.ended + 1;
     berth_conv_send(c, "after the restart");
     run(&b, limit);
-    resumed[k] = (now() - t0) * 1000;
-    t0 = now();
+    resumed[k] = (bh_now() - t0) * 1000;
+    t0 = bh_now();
     b.want = b.ended + 1;
     berth_conv_send(c, "warm");
     run(&b, limit);
-    warm[k] = (now() - t0) * 1000;
+    warm[k] = (bh_now() - t0) * 1000;
     berth_conv_free(c);
     done++;
   }
@@ -290,22 +269,9 @@ int main(int argc, char **argv)
   bool pinned = sched_setaffinity(0, sizeof set, &set) == 0;
   plm_global_init();
   struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
-  char script[] = "/tmp/berth-bench-st-XXXXXX.lua";
-  int fd = mkstemps(script, 4);
-  const char text[] =
-    "return { loop = true, turns = { { user = '*', replies = { { say = 'ok' } } } } }\n";
-  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
+  berth_model *model = bh_ok_model(loop, "store_turns");
+  if (!model)
     return 1;
-  close(fd);
-  char spec[64];
-  snprintf(spec, sizeof spec, "scripted:%s", script);
-  berth_model *model = NULL;
-  berth_error *e = berth_model_open(loop, spec, &model);
-  unlink(script);
-  if (e) {
-    fprintf(stderr, "store_turns: %s\n", e->message);
-    return 1;
-  }
   printf("store_turns: %u turns per conversation, scripted model, no code, %s\n", turns,
          pinned ? "pinned to CPU 0" : "not pinned");
   printf("  %-10s %8s %10s %10s %9s %10s %9s %11s %9s\n", "engine", "convs", "turns/s",

@@ -28,6 +28,7 @@
 #include <ev.h>
 #include <lua.h>
 
+#include "benchhost.h"
 #include "benchjson.h"
 #include "berth.h"
 #include "plimsoll.h"
@@ -46,21 +47,6 @@ typedef struct bench {
   bool stop;
 } bench;
 
-static double now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double cpu(void)
-{
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
 static void on_delta(void *ud, berth_conv *c, const char *t, size_t n)
 {
   (void)c; (void)t; (void)n;
@@ -77,7 +63,7 @@ static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
 {
   bench *b = ud;
   size_t idx = (size_t)(uintptr_t)berth_conv_userdata(c);
-  double t = now();
+  double t = bh_now();
   if (b->n_lat < (size_t)b->n * b->turns)
     b->lat[b->n_lat++] = t - b->sent[idx];
   b->sent[idx] = t;
@@ -102,11 +88,6 @@ static void on_limit(struct ev_loop *loop, ev_timer *w, int revents)
   b->stop = true;
   fprintf(stderr, "turns_per_second: time limit reached\n");
   ev_break(loop, EVBREAK_ALL);
-}
-
-static void quiet(void *ud, berth_log_level level, const char *m)
-{
-  (void)ud; (void)level; (void)m;
 }
 
 int main(int argc, char **argv)
@@ -145,30 +126,19 @@ int main(int argc, char **argv)
   b.n = n;
   b.turns = turns;
   b.loop = ev_loop_new(EVFLAG_AUTO);
-  char script[] = "/tmp/berth-bench-tps-XXXXXX.lua";
-  int fd = mkstemps(script, 4);
-  const char text[] =
-    "return { loop = true, turns = { { user = '*', replies = { { say = 'ok' } } } } }\n";
-  if (fd < 0 || write(fd, text, sizeof text - 1) != (ssize_t)(sizeof text - 1))
-    return 1;
-  close(fd);
-  char spec[64], hooks[4096];
-  snprintf(spec, sizeof spec, "scripted:%s", script);
+  char hooks[4096];
   snprintf(hooks, sizeof hooks, "%s/code_chat.lua", scripts);
-  berth_model *model = NULL;
-  berth_error *e = berth_model_open(b.loop, spec, &model);
-  unlink(script);
-  if (e) {
-    fprintf(stderr, "turns_per_second: %s\n", e->message);
+  berth_model *model = bh_ok_model(b.loop, "turns_per_second");
+  if (!model)
     return 1;
-  }
+  berth_error *e = NULL;
   berth_options o;
   berth_options_init(&o);
   o.loop = b.loop;
   o.hooks_file = hooks;
   o.lib_dir = scripts;
   o.model = model;
-  o.log = quiet;
+  o.log = bh_quiet;
   berth_callbacks cb = {NULL, on_delta, on_message, NULL, NULL, on_turn_end, NULL, NULL, NULL,
                         &b};
   o.callbacks = cb;
@@ -191,13 +161,13 @@ int main(int argc, char **argv)
   limit_timer.data = &b;
   ev_timer_start(b.loop, &limit_timer);
 
-  double w0 = now(), c0 = cpu();
+  double w0 = bh_now(), c0 = bh_cpu();
   for (unsigned i = 0; i < n; i++) {
-    b.sent[i] = now();
+    b.sent[i] = bh_now();
     berth_conv_message(b.convs[i], "hello");
   }
   ev_run(b.loop, 0);
-  double wall = now() - w0, cpu_s = cpu() - c0;
+  double wall = bh_now() - w0, cpu_s = bh_cpu() - c0;
   ev_timer_stop(b.loop, &limit_timer);
 
   berth_stats st;
