@@ -266,17 +266,21 @@ static int fill(const char *path)
 
 #define MESSAGES_WHILE_FULL 20
 
-/* berth_errors_total{source="store",class="unavailable"} from --metrics-listen (no
- * token); 0 when there is no such sample yet. */
-static double store_errors(st_server *s)
+/* A sample from --metrics-listen (no token); 0 when there is no such sample yet. */
+static double sample(st_server *s, const char *name)
 {
-  static const char name[] = "\nberth_errors_total{source=\"store\",class=\"unavailable\"} ";
-  char *text = NULL;
+  char *text = NULL, want[160];
+  snprintf(want, sizeof want, "\n%s ", name);
   assert_int_equal(st_call("GET", s->metrics_url, NULL, NULL, &text), 200);
-  const char *at = strstr(text, name);
-  double n = at ? strtod(at + strlen(name), NULL) : 0;
+  const char *at = strstr(text, want);
+  double n = at ? strtod(at + strlen(want), NULL) : 0;
   free(text);
   return n;
+}
+
+static double store_errors(st_server *s)
+{
+  return sample(s, "berth_errors_total{source=\"store\",class=\"unavailable\"}");
 }
 
 static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recovers(void **state)
@@ -328,7 +332,10 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
   char taken[MESSAGES_WHILE_FULL][16];
   int n_taken = 0, n_refused = 0;
   char refused[MESSAGES_WHILE_FULL][16];
+  double queued_first = 0;
   for (int i = 0; i < MESSAGES_WHILE_FULL; i++) {
+    if (i == 1)                 /* the store is known to fail from here */
+      queued_first = sample(s, "berth_store_queued_writes");
     char text[16];
     snprintf(text, sizeof text, "full-%d", i);
     long st = say(s, id, text, &body);
@@ -342,7 +349,7 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
       json_t *err = json_object_get(j, "error");
       assert_string_equal(json_string_value(json_object_get(err, "code")), "unavailable");
       assert_non_null(strstr(json_string_value(json_object_get(err, "message")),
-                             "could not be stored"));
+                             "not taken"));
       json_decref(j);
       snprintf(refused[n_refused++], 16, "%s", text);
     }
@@ -353,17 +360,35 @@ static void test_full_disk_refuses_messages_loses_nothing_acknowledged_and_recov
   double failures = store_errors(s);
   print_message("store errors counted: %g\n", failures);
   assert_true(failures >= 1);
+  /* ... and refused messages queue nothing: what waits for the disk stays bounded by
+   * what was accepted before the store was known to fail */
+  double queued_last = sample(s, "berth_store_queued_writes");
+  print_message("writes waiting: %g after the first refusal, %g after %d\n", queued_first,
+                queued_last, MESSAGES_WHILE_FULL);
+  assert_true(sample(s, "berth_store_failing") == 1);
+  if (queued_last > queued_first + 4)
+    fail_msg("refused messages left %g writes waiting (%g after the first)", queued_last,
+             queued_first);
   assert_true(n_refused >= MESSAGES_WHILE_FULL - 2);   /* the disk is full: refused */
   char *log = st_read_log(s);
   assert_non_null(strstr(log, "full"));                /* SQLite's "database or disk is full" */
   assert_null(strstr(log, s->token[0]));
   free(log);
 
-  /* Space returns: taken again (after the store's retry delay, a second at most). */
+  /* Space returns: taken again once the store's next retry (a second at most) has
+   * applied what was kept; until then 503 with Retry-After, as a client retries. */
   assert_int_equal(unlink(filler), 0);
-  assert_int_equal(say(s, id, "after", &body), 200);
+  long st;
+  double until = st_now() + 10;
+  while ((st = say(s, id, "after", &body)) == 503 && st_now() < until) {
+    free(body);
+    struct timespec ts = {0, 100 * 1000000L};   /* a client's pause between retries */
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(st, 200);
   assert_non_null(strstr(body, "got: after"));
   free(body);
+  assert_true(sample(s, "berth_store_failing") == 0);
 
   for (int round = 0; round < 2; round++) {
     char *h = user_history(s, id);

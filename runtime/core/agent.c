@@ -1107,6 +1107,13 @@ static berth_error *conv_message(berth_conv *c, const char *message,
     return berth_error_new("capacity", "the host holds its limit of %zu queued messages; "
                                        "retry later", h->o.max_queued_messages);
   }
+  if (store_of(c) && berth_store_failing(store_of(c))) {
+    /* Nothing new is queued while the store fails: refused messages would each keep
+     * their writes in memory until it comes back (issue 13). */
+    berth_count_error(h, "store", "unavailable");
+    return berth_error_new("unavailable", "the store cannot be written now, so the "
+                                          "message was not taken; retry later");
+  }
   size_t n = strlen(message);
   msg *m = berth_xmalloc(sizeof *m + n + 1);
   m->next = NULL;

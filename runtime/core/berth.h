@@ -64,7 +64,8 @@ typedef struct berth_store berth_store;     /* store/store.h */
  *   "exists"            a conversation with this run id is open already
  *   "hook"              a hook failed (events only)
  *   "cancelled"         the turn was cancelled by the host's shutdown (events only)
- *   "unavailable"       a model could not be set up
+ *   "unavailable"       a model could not be set up; or the store cannot be written
+ *                       now, so a message was not taken (retry later)
  * and in tool results the sandbox layer's codes ("environment", "data_loss", …). */
 typedef struct berth_error {
   const char *code;
@@ -251,7 +252,9 @@ typedef struct berth_stats {
 void berth_host_stats(const berth_host *h, berth_stats *out);
 /* Calls fn for each class of error counted so far: source "cell" (executeCode
  * failures by code: "capacity", "data_loss", …), "hook" (class "hook"), "host"
- * (classes "capacity", "cancelled", "shutting_down"). */
+ * (classes "capacity", "cancelled", "shutting_down"), "model" (its error codes) and
+ * "store" (a failed write transaction or read, by code; a message refused while the
+ * store fails). */
 void berth_host_error_classes(const berth_host *h,
                               void (*fn)(void *ud, const char *source, const char *cls,
                                          uint64_t n),

@@ -5,6 +5,7 @@
  */
 #include "runtime.h"
 #include "xalloc.h"
+#include "store/store.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -195,6 +196,17 @@ char *berth_host_metrics(const berth_host *h)
     fprintf(f, "\"} %llu\n", (unsigned long long)e->n);
   }
   one(f, "berth_sandboxes", "gauge", "Sandboxes held by the sandbox layer.", s.sandboxes);
+  if (h->o.store) {
+    berth_store_stats ss;
+    berth_store_get_stats(h->o.store, &ss);
+    one(f, "berth_store_queued_writes", "gauge",
+        "Store writes waiting (kept and tried again while the store fails).", ss.queued);
+    one(f, "berth_store_failing", "gauge",
+        "1 while the store's last write transaction failed: no new message is taken.",
+        berth_store_failing(h->o.store));
+    one(f, "berth_store_flushes_total", "counter", "Store write transactions applied.",
+        ss.flushes);
+  }
   one(f, "berth_lua_memory_bytes", "gauge", "Bytes of the Lua state.", s.lua_bytes);
   hist(f, "berth_turn_duration_seconds",
        "Turn latency, from the message's arrival to the turn's end.", &s.turn_seconds);

@@ -500,6 +500,8 @@ static const char *status_of(const berth_error *e, unsigned *status)
     *status = MHD_HTTP_CONFLICT;
   else if (!strcmp(e->code, "invalid_argument"))
     *status = MHD_HTTP_BAD_REQUEST;
+  else if (!strcmp(e->code, "unavailable"))
+    *status = MHD_HTTP_SERVICE_UNAVAILABLE;     /* the store cannot be written now */
   else
     *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
   return e->code;
@@ -1548,6 +1550,8 @@ static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status
     stream_unref(st);
     const char *code = status_of(e, status);
     struct MHD_Response *r = error_response(code, "%s", e->message);
+    if (*status == MHD_HTTP_SERVICE_UNAVAILABLE)
+      r = retry_later(r, 1);
     berth_error_free(e);
     return r;
   }

@@ -557,7 +557,13 @@ void berth_store_free(berth_store *s)
 
 const char *berth_store_engine_name(const berth_store *s) { return s->vt->name; }
 
-void berth_store_get_stats(const berth_store *s, berth_store_stats *out) { *out = s->st; }
+void berth_store_get_stats(const berth_store *s, berth_store_stats *out)
+{
+  *out = s->st;
+  out->queued = s->queued;
+}
+
+bool berth_store_failing(const berth_store *s) { return s->failing; }
 
 void berth_store_on_failure(berth_store *s, void (*fn)(void *ud, const berth_error *err),
                             void *ud)

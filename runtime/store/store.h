@@ -109,6 +109,7 @@ typedef struct berth_store_event {
 
 typedef struct berth_store_stats {
   uint64_t flushes, ops, failures;
+  uint64_t queued;               /* writes waiting now (kept ones too, while failing) */
   double flush_seconds_max;      /* the longest one flush held the loop */
   double flush_seconds_sum;
 } berth_store_stats;
@@ -124,6 +125,10 @@ void berth_store_free(berth_store *s);
 /* "memory", "sqlite", "postgresql". */
 const char *berth_store_engine_name(const berth_store *s);
 void berth_store_get_stats(const berth_store *s, berth_store_stats *out);
+/* Whether the last write transaction failed and none has succeeded since: its writes
+ * are kept and tried again.  While it is so, the host takes no new message (each
+ * would add writes that cannot be applied either: memory held without bound). */
+bool berth_store_failing(const berth_store *s);
 /* `fn(ud, err)` hears of every failure the store meets, once each: a write transaction
  * that failed (its writes are kept and tried again) and a read that failed.  From the
  * loop's thread, inside the store call or flush that met it; `err` is borrowed.  NULL
