@@ -481,6 +481,7 @@ static void test_lease_two_hosts_never_both_hold_one(void **state)
   /* a record's write leaves the lease alone */
   berth_store_conv r = record("L1", "k1");
   r.turns = 4;
+  r.last_event = 9;
   berth_store_put_conv(f->s, &r);
   no_error(berth_store_flush(f->s));
   b = take(other, loop2, "L1", "host-b", 60000);
@@ -490,6 +491,54 @@ static void test_lease_two_hosts_never_both_hold_one(void **state)
   berth_store_lease none = take(f->s, f->loop, "no-such", "host-a", 60000);
   assert_false(none.found);
   assert_false(none.taken);
+  close_second(f, other, loop2);
+}
+
+/* A record never goes back: a stale copy's write (a late idle suspend on a host the
+ * conversation left, after another host ran turns) leaves the newer record as it is,
+ * through a second handle as another host writes; an equal or newer one is applied. */
+static void test_a_record_never_goes_back(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "R1");                      /* turns 3, last event 9 */
+  struct ev_loop *loop2;
+  berth_store *other = second_handle(f, &loop2);
+  berth_store_conv newer = record("R1", "k1");
+  newer.turns = 5;
+  newer.last_event = 20;
+  newer.state = (char *)"{\"by\":\"host-b\"}";
+  berth_store_put_conv(other, &newer);
+  no_error(berth_store_flush(other));
+
+  static const struct { uint32_t turns; uint64_t last; } stale[] = {{3, 9}, {5, 19}, {4, 30}};
+  for (size_t i = 0; i < sizeof stale / sizeof *stale; i++) {
+    berth_store_conv old = record("R1", "k1");
+    old.turns = stale[i].turns;
+    old.last_event = stale[i].last;
+    old.status = BERTH_STORE_SUSPENDED;
+    old.state = (char *)"{\"by\":\"host-a\"}";
+    berth_store_put_conv(f->s, &old);
+    no_error(berth_store_flush(f->s));
+    berth_store_conv got;
+    bool found;
+    no_error(berth_store_get_conv(other, "R1", &got, &found));
+    assert_true(found);
+    assert_int_equal(got.turns, 5);
+    assert_int_equal(got.last_event, 20);
+    assert_int_equal(got.status, BERTH_STORE_OPEN);
+    assert_string_equal(got.state, "{\"by\":\"host-b\"}");
+    berth_store_conv_clear(&got);
+  }
+  /* equal counters: applied (a suspend after the last turn, on the host that ran it) */
+  berth_store_conv same = newer;
+  same.status = BERTH_STORE_SUSPENDED;
+  berth_store_put_conv(f->s, &same);
+  no_error(berth_store_flush(f->s));
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(other, "R1", &got, &found));
+  assert_int_equal(got.status, BERTH_STORE_SUSPENDED);
+  berth_store_conv_clear(&got);
   close_second(f, other, loop2);
 }
 
@@ -1109,6 +1158,7 @@ int main(void)
     BOTH(test_running_turns_are_marked_interrupted),
     BOTH(test_one_flush_per_iteration_and_sync_after_commit),
     BOTH(test_lease_two_hosts_never_both_hold_one),
+    BOTH(test_a_record_never_goes_back),
     BOTH(test_lease_expired_is_taken_over),
     BOTH(test_lease_renew_extends_the_hosts_leases),
     BOTH(test_lease_release_frees_it),
@@ -1129,6 +1179,7 @@ int main(void)
     PG(test_running_turns_are_marked_interrupted),
     PG(test_one_flush_per_iteration_and_sync_after_commit),
     PG(test_lease_two_hosts_never_both_hold_one),
+    PG(test_a_record_never_goes_back),
     PG(test_lease_expired_is_taken_over),
     PG(test_lease_renew_extends_the_hosts_leases),
     PG(test_lease_release_frees_it),

@@ -138,7 +138,11 @@ void berth_store_on_failure(berth_store *s, void (*fn)(void *ud, const berth_err
 
 /* {====================================================== writes (queued) */
 
-/* Creates or replaces the conversation's record (order is kept once assigned). */
+/* Creates or replaces the conversation's record (order is kept once assigned).  A
+ * record never goes back: one whose turns or last event number is below the stored
+ * one's is not applied (no error), so a host with a stale copy — a late idle suspend
+ * after another host ran turns of the conversation — cannot overwrite newer state
+ * (docs/many-hosts.md). */
 void berth_store_put_conv(berth_store *s, const berth_store_conv *r);
 /* Messages first .. first+n-1 of conversation `id` (JSON texts, copied).  With
  * `replace`, every stored message of the conversation is dropped first (the history

@@ -102,6 +102,8 @@ static void mem_close(berth_store *s)
 static void put_conv(mem *m, const berth_store_conv *r)
 {
   mconv *c = find_or_add(m, r->id);
+  if (c->has_record && (c->r.turns > r->turns || c->r.last_event > r->last_event))
+    return;                     /* a record never goes back (store.h) */
   uint64_t order = c->has_record ? c->r.order : ++m->next_order;
   char *holder = c->r.lease_holder;      /* a record's write leaves the lease alone */
   int64_t expiry = c->r.lease_expiry_ms;

@@ -66,7 +66,8 @@ static const char *const sql[S_COUNT] = {
   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
   " ON CONFLICT (id) DO UPDATE SET caller = ?2, owner = ?3, run_id = ?4, metadata = ?5,"
   " state = ?6, status = ?7, created_ms = ?8, updated_ms = ?9, turns = ?10,"
-  " running_turn = ?11, n_messages = ?12, last_event = ?13",
+  " running_turn = ?11, n_messages = ?12, last_event = ?13"
+  " WHERE turns <= ?10 AND last_event <= ?13",     /* never back (store.h) */
   "DELETE FROM messages WHERE conv = ?1",
   "INSERT OR REPLACE INTO messages (conv, seq, body) VALUES (?1, ?2, ?3)",
   "INSERT OR REPLACE INTO events (conv, seq, turn, kind, data) VALUES (?1, ?2, ?3, ?4, ?5)",
