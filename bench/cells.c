@@ -6,6 +6,14 @@
  *   - the floor: the same trivial cell sent straight to the same kernel
  *     (sandboxd/inside/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
  *     with no daemon, no HTTP and no sandbox; and the ratios to it.
+ *   - the data stack (issue 16): in a fresh session from the warm pool, the first
+ *     `import numpy` and the first import of NumPy, SciPy, pandas and matplotlib.pyplot
+ *     (Agg), the Python kernel's VmRSS without them, after numpy and after all four, a
+ *     trivial cell's latency with numpy imported and without, and the first numpy cell
+ *     when an import cell was sent right after the open (a preloading pool's prototype);
+ *     also the daemon's own start-up check of the data stack, from its log.
+ * The daemons of the other figures run with --no-data-stack-check: its import in the
+ * background would share the CPU with what they measure.
  * The echo provider comes last: it runs no code, so its figures are the protocol's own
  * cost (client, HTTP, records).  Run from the repository root (`make bench`).  BENCH_PROVIDERS=bwrap limits the run;
  * BENCH_WARM=N sets the warm samples per language (default 300).  BENCH_JSON=PATH also
@@ -31,6 +39,8 @@
 #define WAIT_MS 60000
 #define OPEN_SAMPLES 5
 #define POOL_SIZE 2
+#define STACK_SAMPLES 5
+#define STACK_WARM 20                  /* trivial cells per session, with numpy or without */
 
 static double now_ms(void)
 {
@@ -86,6 +96,21 @@ static void run_cell(plm_session *s, const char *lang, const char *code)
         exit(1);
     }
     plm_result_free(r);
+}
+
+/* A cell that must run cleanly; its stdout (malloc'd). */
+static char *cell_out(plm_session *s, const char *lang, const char *code)
+{
+    plm_cell cl = {lang, code, NULL, 0};
+    plm_result *r = NULL;
+    fatal(plm_session_run_cell_sync(s, &cl, NULL, &r), "cell");
+    if (r->exit_code != 0) {
+        fprintf(stderr, "bench/cells: a %s cell failed: %s\n", lang, r->stderr_text);
+        exit(1);
+    }
+    char *out = strdup(r->stdout_text);
+    plm_result_free(r);
+    return out;
 }
 
 static void close_session(plm_session *s)
@@ -198,7 +223,6 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
     unsigned char body[128];
     size_t len;
     double result = 0;
-    fcntl(fd[2], F_SETFL, O_NONBLOCK);
     if (read_frame(fd[1], body, sizeof body, &len) == 0 && body[0] == 'R') {
         double *v = calloc((size_t)samples, sizeof *v);
         unsigned char req[4 + 32 + 1];
@@ -214,9 +238,15 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
                 good = 0;
                 break;
             }
+            /* Drained through poll: the kernel makes its stdout and stderr blocking
+             * (kernel.py), and these FIFOs' file descriptions are the ones it holds. */
             char junk[256];
-            while (read(fd[2], junk, sizeof junk) > 0) {
-            }
+            struct pollfd pf[2] = {{fd[2], POLLIN, 0}, {fd[3], POLLIN, 0}};
+            while (poll(pf, 2, 0) > 0)
+                for (int k = 0; k < 2; k++)
+                    if (pf[k].revents && (!(pf[k].revents & POLLIN) ||
+                                          read(pf[k].fd, junk, sizeof junk) <= 0))
+                        pf[k].fd = -1;
             if (i >= samples / 5) /* the first fifth warms the interpreter up */
                 v[i - samples / 5] = now_ms() - t0;
         }
@@ -242,7 +272,8 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
 
 static int start(sbx_proc *d, const char *provider, const char *pool)
 {
-    const char *args[] = {"--provider", provider, "--pool", pool, "--max-sessions", "16", NULL};
+    const char *args[] = {"--provider", provider, "--pool", pool, "--max-sessions", "16",
+                          "--no-data-stack-check", NULL};
     return sbx_start(d, args);
 }
 
@@ -258,6 +289,139 @@ static void report(json_t *lang, const char *key, const char *what, double *v, s
     if (floor > 0)
         printf("   floor %.3f ms, %.1fx", floor, p50 / floor);
     printf("   (n=%zu)\n", n);
+}
+
+/* ---------------------------------------------------------------- the data stack */
+
+static const char stack_import[] =
+    "import numpy, scipy, pandas, matplotlib\n"
+    "matplotlib.use('Agg')\n"
+    "import matplotlib.pyplot";
+static const char rss_kb[] =
+    "int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])";
+static const char numpy_cell[] = "import numpy as np\nint(np.arange(10).sum())";
+
+static double ms_of(plm_session *s, const char *code)
+{
+    double t0 = now_ms();
+    run_cell(s, "python", code);
+    return now_ms() - t0;
+}
+
+static double rss_mib(plm_session *s)
+{
+    char *out = cell_out(s, "python", rss_kb);
+    double kb = atof(out);
+    free(out);
+    return kb / 1024;
+}
+
+/* A trivial cell's latency, STACK_WARM times, into v[at..]. */
+static void trivial_cells(plm_session *s, double *v, size_t at)
+{
+    run_cell(s, "python", "1");
+    for (int i = 0; i < STACK_WARM; i++)
+        v[at + (size_t)i] = ms_of(s, "1");
+}
+
+/* A session from a full pool: waits (bounded, on the daemon's log) for `*ready` + POOL_SIZE
+ * members to have become ready, so the open claims a warm sandbox. */
+static plm_session *pooled(const sbx_proc *d, plm_client *c, size_t *ready)
+{
+    if (wait_log(d, "warm pool: sandbox", POOL_SIZE + *ready - 1) != 0) {
+        fprintf(stderr, "bench/cells: the warm pool did not fill\n");
+        exit(1);
+    }
+    (*ready)++;
+    plm_session *s = NULL;
+    fatal(plm_open_session_sync(c, NULL, &s), "open");
+    return s;
+}
+
+/* The daemon's own check: "... in a sandbox in X s (Y s with the sandbox's start)". */
+static void check_seconds(const sbx_proc *d, double *import_s, double *all_s)
+{
+    char *log = sbx_read_log(d);
+    const char *at = log ? strstr(log, "imported in a sandbox in ") : NULL;
+    *import_s = *all_s = 0;
+    if (at)
+        sscanf(at, "imported in a sandbox in %lf s (%lf s", import_s, all_s);
+    free(log);
+}
+
+static void bench_data_stack(json_t *out, const char *name)
+{
+    sbx_proc d;
+    const char *args[] = {"--provider", name, "--pool", "2", "--max-sessions", "16", NULL};
+    if (sbx_start(&d, args) != 0)
+        return;
+    json_t *o = bj_obj(out, "data_stack");
+    /* The start-up check first, alone: it would share the CPU with what follows. */
+    if (wait_log(&d, "data stack", 0) != 0 || log_count(&d, "imported in a sandbox") == 0) {
+        printf("  the daemon's data stack check did not pass: see its log\n");
+        sbx_stop(&d);
+        return;
+    }
+    double check_import, check_all;
+    check_seconds(&d, &check_import, &check_all);
+    bj_fig(o, "startup_check_import", check_import * 1000, "ms");
+    bj_fig(o, "startup_check_with_sandbox", check_all * 1000, "ms");
+    plm_client *c = client(&d);
+    size_t ready = 0;
+    double numpy_first[STACK_SAMPLES], stack_first[STACK_SAMPLES], preloaded[STACK_SAMPLES],
+        preload[STACK_SAMPLES];
+    double rss_none[STACK_SAMPLES], rss_numpy[STACK_SAMPLES], rss_stack[STACK_SAMPLES];
+    double *warm_none = calloc(STACK_SAMPLES * STACK_WARM, sizeof(double));
+    double *warm_numpy = calloc(STACK_SAMPLES * STACK_WARM, sizeof(double));
+    for (int i = 0; i < STACK_SAMPLES; i++) {
+        size_t at = (size_t)i * STACK_WARM;
+        /* nothing imported: the kernel's size, trivial cells */
+        plm_session *s = pooled(&d, c, &ready);
+        rss_none[i] = rss_mib(s);
+        trivial_cells(s, warm_none, at);
+        close_session(s);
+        /* the first `import numpy`, then the same with numpy in the kernel */
+        s = pooled(&d, c, &ready);
+        numpy_first[i] = ms_of(s, "import numpy");
+        rss_numpy[i] = rss_mib(s);
+        trivial_cells(s, warm_numpy, at);
+        close_session(s);
+        /* the whole stack */
+        s = pooled(&d, c, &ready);
+        stack_first[i] = ms_of(s, stack_import);
+        rss_stack[i] = rss_mib(s);
+        close_session(s);
+        /* a preloading pool's prototype: the import right after the open, then the
+         * session's first numpy cell */
+        s = pooled(&d, c, &ready);
+        preload[i] = ms_of(s, "import numpy");
+        preloaded[i] = ms_of(s, numpy_cell);
+        close_session(s);
+    }
+    plm_client_free(c);
+    sbx_stop(&d);
+    printf("  data stack: the daemon's start-up check imported it in %.0f ms (%.0f ms with "
+           "its sandbox's start)\n", check_import * 1000, check_all * 1000);
+    report(o, "first_import_numpy", "first `import numpy`, pooled session", numpy_first,
+           STACK_SAMPLES, 0);
+    report(o, "first_import_stack", "first import of all four", stack_first, STACK_SAMPLES, 0);
+    report(o, "preload_import_numpy", "preload: `import numpy` after open", preload,
+           STACK_SAMPLES, 0);
+    report(o, "first_numpy_cell_preloaded", "first numpy cell, numpy preloaded", preloaded,
+           STACK_SAMPLES, 0);
+    report(o, "warm_cell_without_numpy", "trivial python cell, no numpy", warm_none,
+           STACK_SAMPLES * STACK_WARM, 0);
+    report(o, "warm_cell_with_numpy", "trivial python cell, numpy imported", warm_numpy,
+           STACK_SAMPLES * STACK_WARM, 0);
+    double none = pct(rss_none, STACK_SAMPLES, 0.5), numpy = pct(rss_numpy, STACK_SAMPLES, 0.5),
+           stack = pct(rss_stack, STACK_SAMPLES, 0.5);
+    bj_fig(o, "kernel_rss_none", none, "MiB");
+    bj_fig(o, "kernel_rss_numpy", numpy, "MiB");
+    bj_fig(o, "kernel_rss_stack", stack, "MiB");
+    printf("  %-36s %.1f MiB, with numpy %.1f MiB (+%.1f), with all four %.1f MiB (+%.1f)\n",
+           "python kernel VmRSS (p50)", none, numpy, numpy - none, stack, stack - none);
+    free(warm_none);
+    free(warm_numpy);
 }
 
 static void bench_provider(json_t *providers, const char *name, int warm)
@@ -359,6 +523,8 @@ static void bench_provider(json_t *providers, const char *name, int warm)
         }
     }
     free(v);
+    if (!echo)
+        bench_data_stack(lj[0], name);
 }
 
 int main(void)

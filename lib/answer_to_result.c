@@ -140,6 +140,35 @@ fail:
     return err;
 }
 
+/* pythonPackages, sandboxd's extension (docs/wire.md §5.1): {name: version}.  Another
+ * daemon may shape a field of that name otherwise, so what is not a string is skipped,
+ * never an error: it is information, and no run depends on it. */
+static void map_packages(const json_t *o, plm_environment *env)
+{
+    if (!json_is_object(o) || json_object_size(o) == 0)
+        return;
+    env->python_packages = calloc(json_object_size(o), sizeof *env->python_packages);
+    if (!env->python_packages)
+        return;
+    const char *name;
+    json_t *v;
+    json_object_foreach((json_t *)o, name, v) {
+        const char *version = json_string_value(v);
+        if (!version || !*name)
+            continue;
+        plm_package *pk = &env->python_packages[env->n_python_packages];
+        pk->name = strdup(name);
+        pk->version = strdup(version);
+        if (!pk->name || !pk->version) {
+            free(pk->name);
+            free(pk->version);
+            pk->name = pk->version = NULL;
+            break;
+        }
+        env->n_python_packages++;
+    }
+}
+
 static int map_env(const json_t *e, plm_environment *env, plm_error **err)
 {
     const json_t *langs;
@@ -159,6 +188,7 @@ static int map_env(const json_t *e, plm_environment *env, plm_error **err)
         if (l && strcmp(l, "javascript") == 0) env->javascript = true;
         if (l && strcmp(l, "python") == 0) env->python = true;
     }
+    map_packages(plm_jget(e, "pythonPackages", "python_packages"), env);
     return 0;
 }
 

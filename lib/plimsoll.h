@@ -340,10 +340,19 @@ struct plm_result {
 
 void plm_result_free(plm_result *r);
 
+/* A Python package and its version, as a daemon states it. */
+typedef struct plm_package {
+    char *name, *version;
+} plm_package;
+
 typedef struct plm_environment {
     char *identity, *software_identity;
     uint32_t max_timeout_ms;
     bool javascript, python;    /* languages the daemon proved at start-up */
+    /* sandboxd's extension `pythonPackages`: packages a check proved importable there
+     * (none from a daemon that does not state them, or has not finished its check) */
+    plm_package *python_packages;
+    size_t n_python_packages;
 } plm_environment;
 
 typedef struct plm_info {

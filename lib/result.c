@@ -47,6 +47,11 @@ static void env_clear(plm_environment *e)
 {
     free(e->identity);
     free(e->software_identity);
+    for (size_t i = 0; i < e->n_python_packages; i++) {
+        free(e->python_packages[i].name);
+        free(e->python_packages[i].version);
+    }
+    free(e->python_packages);
 }
 
 void plm_info_free(plm_info *i)

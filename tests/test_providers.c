@@ -6,8 +6,9 @@
  * caps and `replaced`, capacity, close, the sweep, the drain, and the security probes
  * (network, writes outside the work directory, the daemon's token file, another
  * session's files, a fork bomb, a memory bomb, an infinite loop, output floods, the
- * session id).  Each test runs once per provider in its own group; a group whose
- * provider fails its start-up smoke test on this machine is skipped with the reason.
+ * session id), and the data stack Describe lists once the daemon proved it (issue 16).
+ * Each test runs once per provider in its own group; a group whose provider fails its
+ * start-up smoke test on this machine is skipped with the reason.
  *
  * BERTH_TEST_PROVIDERS=bwrap,process limits the run to those groups (and skips the
  * start-up group: --provider auto, a missing interpreter, the embedded kernels);
@@ -319,6 +320,81 @@ static bool wait_log(const char *needle, size_t than)
         poll(NULL, 0, 20);
     }
     return false;
+}
+
+/* ---------------------------------------------------------------- issue 16: the data stack */
+
+#define STACK_WAIT_MS 120000     /* the daemon's background import (seconds under gVisor) */
+
+/* The data stack's versions as /usr/bin/python3 on the host reports them, in the order
+ * sandboxd lists them ("numpy 1.24.2 scipy ..."), or "" when it cannot import them. */
+static void host_stack_versions(char *out, size_t size)
+{
+    first_line_of("/usr/bin/python3 -c 'import numpy, scipy, pandas, matplotlib; "
+                  "print(\"numpy\", numpy.__version__, \"scipy\", scipy.__version__, "
+                  "\"pandas\", pandas.__version__, \"matplotlib\", matplotlib.__version__)' "
+                  "2>/dev/null", out, size);
+    out[strcspn(out, "\n")] = '\0';
+}
+
+/* An environment's pythonPackages as "name version name version ...". */
+static void listed_packages(const plm_environment *e, char *out, size_t size)
+{
+    out[0] = '\0';
+    for (size_t i = 0; i < e->n_python_packages; i++)
+        snprintf(out + strlen(out), size - strlen(out), "%s%s %s", i ? " " : "",
+                 e->python_packages[i].name, e->python_packages[i].version);
+}
+
+/* Describe lists the data stack only once the daemon's background check imported it in
+ * a sandbox of this provider: polled (bounded) until it appears, then the names and the
+ * versions must be what the host's python3 reports, in every environment that runs
+ * Python (sessions, projects) and in no other. */
+static void test_I16_describe_lists_the_proven_data_stack(void **state)
+{
+    (void)state;
+    need();
+    char want[512];
+    host_stack_versions(want, sizeof want);
+    if (!want[0])
+        skip_missing_capability("skipped: /usr/bin/python3 cannot import the data stack here\n");
+    plm_info *info = NULL;
+    long long began = mono_ms();
+    for (;;) {
+        ok(plm_describe_sync(P->c, &info));
+        if (info->session.n_python_packages || mono_ms() - began > STACK_WAIT_MS)
+            break;
+        plm_info_free(info);
+        info = NULL;
+        poll(NULL, 0, 100);
+    }
+    char session[512], project[512];
+    listed_packages(&info->session, session, sizeof session);
+    listed_packages(&info->project, project, sizeof project);
+    size_t js = info->javascript.n_python_packages, module = info->module.n_python_packages;
+    plm_info_free(info);
+    if (!session[0]) {
+        print_log_tail();
+        fail_msg("provider %s: Describe listed no Python packages within %d s", P->name,
+                 STACK_WAIT_MS / 1000);
+    }
+    print_message("provider %s lists %s (%lld ms after the test began)\n", P->name, session,
+                  mono_ms() - began);
+    assert_string_equal(session, want);
+    assert_string_equal(project, want);
+    assert_int_equal(js, 0);
+    assert_int_equal(module, 0);
+    /* One line says what was proven and how long it took. */
+    char line[600] = "data stack: "; /* "numpy 1.24.2, scipy 1.10.1, ..." */
+    size_t at = strlen(line), spaces = 0;
+    for (const char *c = want; *c && at + 3 < sizeof line; c++) {
+        if (*c == ' ' && ++spaces % 2 == 0)
+            line[at++] = ',';
+        line[at++] = *c;
+        line[at] = '\0';
+    }
+    assert_int_equal(count_in_log(line), 1);
+    assert_int_equal(count_in_log("imported in a sandbox in"), 1);
 }
 
 /* ---------------------------------------------------------------- groups */
@@ -2075,6 +2151,33 @@ static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state
     sbx_stop(&d);
 }
 
+/* The echo provider runs no code, so it proves no package: Describe lists none. */
+static void test_I16_echo_lists_no_python_packages(void **state)
+{
+    (void)state;
+    sbx_proc d;
+    assert_int_equal(sbx_start(&d, NULL), 0); /* --provider echo */
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = d.url;
+    o.token = d.token;
+    plm_client *c = NULL;
+    ok(plm_client_new(NULL, &o, &c));
+    plm_info *info = NULL;
+    ok(plm_describe_sync(c, &info));
+    assert_string_equal(info->sandbox, "echo");
+    assert_true(info->session.python);
+    assert_int_equal(info->session.n_python_packages, 0);
+    assert_int_equal(info->project.n_python_packages, 0);
+    assert_int_equal(info->javascript.n_python_packages, 0);
+    plm_info_free(info);
+    plm_client_free(c);
+    char *log = sbx_read_log(&d);
+    lacks(log, "data stack");
+    free(log);
+    sbx_stop(&d);
+}
+
 static void test_kernels_embedded_in_the_binary_match_their_sources(void **state)
 {
     (void)state;
@@ -2087,6 +2190,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
 #define PROVIDER_TESTS                                                              \
     cmocka_unit_test_teardown(test_D06_the_installed_python_and_node_run_cells, test_teardown),            \
     cmocka_unit_test_teardown(test_data_stack_imports_and_plots_within_the_memory_limit, test_teardown), \
+    cmocka_unit_test_teardown(test_I16_describe_lists_the_proven_data_stack, test_teardown),           \
     cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
     cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
     cmocka_unit_test_teardown(test_D26_D36_files_before_code_shared_and_importable, test_teardown),         \
@@ -2144,6 +2248,7 @@ int main(void)
         cmocka_unit_test(test_D04_auto_serves_the_strongest_provider_that_passes),
         cmocka_unit_test(test_D06_D38_an_interpreter_that_cannot_start_is_not_offered),
         cmocka_unit_test(test_D17_D24_files_over_the_disk_budget_end_the_session),
+        cmocka_unit_test(test_I16_echo_lists_no_python_packages),
         cmocka_unit_test(test_kernels_embedded_in_the_binary_match_their_sources),
     };
     P = NULL;

@@ -43,11 +43,20 @@ enum { SBX_LANG_JAVASCRIPT = 1u << 0, SBX_LANG_PYTHON = 1u << 1 };
 
 /* ---------------------------------------------------------------- facts (Describe) */
 
+/* A Python package a start-up check imported inside a sandbox, and its version. */
+typedef struct sbx_package {
+    const char *name, *version;
+} sbx_package;
+
 typedef struct sbx_env_facts {
     const char *identity;          /* exact outer image or interpreter artifact, or "" */
     const char *software_identity; /* selected executable image, or "" */
     uint32_t max_timeout_ms;       /* 0 = unsupported or unstated */
     unsigned languages;            /* SBX_LANG_* proven at start-up */
+    /* Describe's pythonPackages: proven importable in this environment's sandboxes; set
+     * once, by a check that may end after the daemon is serving (NULL until then). */
+    const sbx_package *python_packages;
+    size_t n_python_packages;
 } sbx_env_facts;
 
 typedef struct sbx_facts {

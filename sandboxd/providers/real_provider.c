@@ -24,6 +24,9 @@
  * The warm pool keeps `--pool` sandboxes with every proven interpreter started; an
  * open takes one (oldest warm first) and a new one is started in its place.  A member
  * is never reused after a session and is replaced after 30 minutes.
+ *
+ * The data stack check (Describe's pythonPackages) imports NumPy, SciPy, pandas and
+ * matplotlib once, in a sandbox of its own, in the background after the smoke test.
  */
 #include "real_provider.h"
 
@@ -59,10 +62,13 @@
 #define POOL_RETRY_S 5.0
 #define POOL_MAX_LAUNCHING 2
 #define POOL_REFILL_DELAY_S 0.25
+#define STACK_WAIT_MAX_S 10.0          /* the data stack check waits for the pool at most */
+#define N_STACK 4                      /* the data stack's packages (stack_names) */
 
 typedef struct call call;
 typedef struct member member;
 typedef struct smoke smoke;
+typedef struct stack_check stack_check;
 
 struct sbx_psession {
     sbx_provider *p;
@@ -138,6 +144,15 @@ struct smoke {
     bool finished;
 };
 
+struct stack_check {
+    sbx_provider *p;
+    sbx_box *box;
+    ev_timer bound;
+    ev_tstamp began;
+    sbx_job job;
+    bool finished;
+};
+
 struct sbx_provider {
     struct ev_loop *loop;
     const sbx_config *cfg;
@@ -153,6 +168,12 @@ struct sbx_provider {
     sbx_psession *sessions;
     call *runs;
     smoke *smoke;
+    /* the data stack check: due once serving, then running, then proven or not */
+    bool stack_due;
+    ev_timer stack_wait;
+    stack_check *stack;
+    sbx_package packages[N_STACK];
+    char versions[N_STACK][33];
     char host_release[128];
     /* software identities (Describe, answers, records): see software_identity() */
     char ident_js[128], ident_session[128], ident_project[128];
@@ -169,6 +190,7 @@ static void thaw_then_step(call *c);
 static void continue_close(sbx_psession *s);
 static void session_after_call(sbx_psession *s);
 static void session_free(sbx_psession *s);
+static void stack_start_if_due(sbx_provider *p);
 
 /* ---------------------------------------------------------------- small things */
 
@@ -1542,6 +1564,7 @@ static void member_drop(member *m, const char *why)
     member_unlink(m);
     sbx_box_close(m->box, on_box_closed_free, NULL);
     free(m);
+    stack_start_if_due(p);
 }
 
 static void on_member_ready(void *ud, sbx_box *b, const char *err)
@@ -1567,8 +1590,10 @@ static void on_member_interp(void *ud, sbx_box *b, int lang, bool up, const char
     member *m = ud;
     if (up) {
         m->up |= lang_bit(lang);
-        if ((m->up & m->p->langs) == m->p->langs)
+        if ((m->up & m->p->langs) == m->p->langs) {
             sbx_log("warm pool: sandbox %s is ready", sbx_box_id(b));
+            stack_start_if_due(m->p);
+        }
         return;
     }
     sbx_provider *p = m->p;
@@ -1812,6 +1837,14 @@ static void on_smoke_box_closed(void *ud)
     if (p->serving) {
         ev_timer_start(p->loop, &p->pool_check);
         pool_fill(p);
+        if (!p->cfg->data_stack_check) {
+            sbx_log("data stack check: off (--no-data-stack-check); Describe lists no Python "
+                    "packages");
+        } else if (p->langs & SBX_LANG_PYTHON) {
+            p->stack_due = true;
+            ev_timer_start(p->loop, &p->stack_wait);
+            stack_start_if_due(p);
+        }
     }
 }
 
@@ -1994,6 +2027,206 @@ void sbx_real_smoke_test(sbx_provider *p, sbx_smoke_cb cb, void *ud)
     k->box = new_box(p, &smoke_events, k);
 }
 
+/* ---------------------------------------------------------------- the data stack check */
+
+/* Describe's pythonPackages (docs/daemon.md §4.7): once the smoke test passed, a sandbox
+ * of its own -- made as every session's, so with the limits of every cell, and never
+ * given to a session -- imports NumPy, SciPy, pandas and matplotlib (the Agg backend) in
+ * a Python kernel and reads their versions.  Until it ends Describe lists none; if it
+ * fails, none ever (the reason is logged).
+ *
+ * Why the real import and not importlib.metadata in the smoke probe, which costs ~0.1 s:
+ * metadata says a distribution is installed, not that it imports in this sandbox --
+ * under the kernel's address-space limit (OpenBLAS), the seccomp filter, gVisor's
+ * system calls, the memory limit, a read-only /usr -- and Describe states what was
+ * proven, so listing it would be a guess.  The real import costs ~1.5 s on the host and
+ * more under gVisor, so it never holds the smoke test (every start waits for that): it
+ * runs in the background, after the pool's members have started (they are what the
+ * next open needs, and both want the CPU), or STACK_WAIT_MAX_S after serving at the
+ * latest. */
+
+static const char *const stack_names[N_STACK] = {"numpy", "scipy", "pandas", "matplotlib"};
+
+static const char stack_py[] =
+    "import json, time\n"
+    "t0 = time.monotonic()\n"
+    "import numpy, scipy.linalg, pandas, matplotlib\n"
+    "matplotlib.use('Agg')\n"
+    "import matplotlib.pyplot\n"
+    "if matplotlib.get_backend().lower() != 'agg':\n"
+    "    raise SystemError('matplotlib uses the %s backend, not Agg' % matplotlib.get_backend())\n"
+    "print(json.dumps({'seconds': time.monotonic() - t0, 'numpy': numpy.__version__,\n"
+    "                  'scipy': scipy.__version__, 'pandas': pandas.__version__,\n"
+    "                  'matplotlib': matplotlib.__version__}))";
+
+/* A version as a package states it ("1.24.2", "2.0.0rc1+git"): nothing else is listed. */
+static bool plain_version(const char *v)
+{
+    size_t n = v ? strlen(v) : 0;
+    return n > 0 && n < 33 && strspn(v, "0123456789abcdefghijklmnopqrstuvwxyz"
+                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ.+-_") == n;
+}
+
+static void on_stack_box_closed(void *ud)
+{
+    stack_check *k = ud;
+    k->p->stack = NULL;
+    free(k);
+}
+
+static void stack_finish(stack_check *k, char *why)
+{
+    if (k->finished) {
+        free(why);
+        return;
+    }
+    k->finished = true;
+    ev_timer_stop(k->p->loop, &k->bound);
+    if (why) {
+        sbx_log("data stack check failed after %.1f s: %s; Describe lists no Python packages",
+                ev_time() - k->began, why);
+        free(why);
+    }
+    sbx_box_close(k->box, on_stack_box_closed, k);
+}
+
+/* The check's verdict: the versions into the provider's facts, or why not. */
+static char *stack_publish(stack_check *k, const char *out)
+{
+    sbx_provider *p = k->p;
+    json_error_t jerr;
+    json_t *j = json_loads(out, 0, &jerr);
+    double seconds = json_number_value(json_object_get(j, "seconds"));
+    for (int i = 0; i < N_STACK; i++) {
+        const char *v = json_string_value(json_object_get(j, stack_names[i]));
+        if (!plain_version(v)) {
+            char *why = sbx_printf("it printed no plain version of %s (%.200s)", stack_names[i],
+                                   out);
+            json_decref(j);
+            return why;
+        }
+        snprintf(p->versions[i], sizeof p->versions[i], "%s", v);
+        p->packages[i] = (sbx_package){stack_names[i], p->versions[i]};
+    }
+    json_decref(j);
+    /* Every environment whose sandboxes run Python: sessions' cells and projects' steps
+     * (the python the smoke test proved for both). */
+    p->facts.session.python_packages = p->facts.project.python_packages = p->packages;
+    p->facts.session.n_python_packages = p->facts.project.n_python_packages = N_STACK;
+    sbx_log("data stack: numpy %s, scipy %s, pandas %s, matplotlib %s (Agg) imported in a "
+            "sandbox in %.1f s (%.1f s with the sandbox's start); Describe lists them",
+            p->versions[0], p->versions[1], p->versions[2], p->versions[3], seconds,
+            ev_time() - k->began);
+    return NULL;
+}
+
+static void on_stack_cell(void *ud, sbx_cell_result *r)
+{
+    stack_check *k = ud;
+    char *why = NULL;
+    if (k->finished) {
+        /* closed under it (its bound): already said */
+    } else if (r->end == SBX_CELL_RAN) {
+        why = stack_publish(k, r->out.data ? (const char *)r->out.data : "");
+    } else if (r->end == SBX_CELL_DIED) {
+        char how[64];
+        describe_wait(r->wait_status, how, sizeof how);
+        sbx_provider *p = k->p;
+        bool oom = p->be->oom_kills && p->be->oom_kills(p->bk, k->box) > 0;
+        why = sbx_printf("the python interpreter was %s during the import%s", how,
+                         oom ? ": out of memory (the limit of every sandbox)" : "");
+    } else {
+        const char *err = r->err.data ? (const char *)r->err.data : r->text ? r->text : "";
+        const char *last = err; /* a traceback's last line says what failed */
+        for (const char *nl = strchr(err, '\n'); nl && nl[1]; nl = strchr(nl + 1, '\n'))
+            last = nl + 1;
+        why = sbx_printf("the import did not run cleanly (%.300s)", *last ? last : "no output");
+    }
+    free(r->out.data);
+    free(r->err.data);
+    free(r->text);
+    if (!k->finished)
+        stack_finish(k, why);
+}
+
+static void on_stack_ready(void *ud, sbx_box *b, const char *err)
+{
+    stack_check *k = ud;
+    if (err) {
+        stack_finish(k, sbx_printf("its sandbox did not start: %s", err));
+        return;
+    }
+    sbx_box_start(b, SUP_LANG_PY);
+}
+
+static void on_stack_interp(void *ud, sbx_box *b, int lang, bool up, const char *text)
+{
+    stack_check *k = ud;
+    if (k->finished || lang != SUP_LANG_PY)
+        return;
+    if (!up) {
+        stack_finish(k, sbx_printf("the python interpreter could not start: %s", text));
+        return;
+    }
+    /* From here the cell's own deadline, as any cell's. */
+    ev_timer_stop(k->p->loop, &k->bound);
+    ev_timer_set(&k->bound, k->p->cfg->cell_timeout_ms / 1000.0, 0.);
+    ev_timer_start(k->p->loop, &k->bound);
+    k->job = (sbx_job){.kind = SBX_KIND_CELL, .language = "python",
+                       .code = {stack_py, sizeof stack_py - 1}};
+    sbx_box_cell(b, SUP_LANG_PY, &k->job, OUTPUT_CAP, OUTPUT_CAP, on_stack_cell, k);
+}
+
+static void on_stack_dead(void *ud, sbx_box *b, const char *why)
+{
+    (void)b;
+    stack_finish(ud, sbx_printf("its sandbox ended: %s", why));
+}
+
+static void on_stack_bound(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    stack_check *k = w->data;
+    stack_finish(k, sbx_printf("it did not finish within %.0f s", ev_time() - k->began));
+}
+
+static const sbx_box_events stack_events = {on_stack_ready, on_stack_interp, on_stack_dead};
+
+static void stack_start(sbx_provider *p)
+{
+    p->stack_due = false;
+    ev_timer_stop(p->loop, &p->stack_wait);
+    stack_check *k = sbx_xcalloc(1, sizeof *k);
+    k->p = p;
+    k->began = ev_time();
+    ev_timer_init(&k->bound, on_stack_bound, CREATE_BOUND_S, 0.);
+    k->bound.data = k;
+    ev_timer_start(p->loop, &k->bound);
+    p->stack = k;
+    k->box = new_box(p, &stack_events, k);
+}
+
+/* Starts the check when it is due and no pool member is starting. */
+static void stack_start_if_due(sbx_provider *p)
+{
+    if (!p->stack_due)
+        return;
+    for (const member *m = p->members; m; m = m->next)
+        if (!m->ready || (m->up & p->langs) != p->langs)
+            return;
+    stack_start(p);
+}
+
+static void on_stack_wait(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    sbx_provider *p = w->data;
+    if (p->stack_due)
+        stack_start(p);
+}
+
 /* ---------------------------------------------------------------- what backends share */
 
 int sbx_real_base_init(sbx_real_base *base, struct ev_loop *loop, const sbx_config *cfg,
@@ -2061,6 +2294,8 @@ sbx_provider *sbx_real_create(struct ev_loop *loop, const sbx_config *cfg,
     ev_timer_init(&p->pool_retry, on_pool_retry, POOL_RETRY_S, 0.);
     ev_timer_init(&p->pool_soon, on_pool_retry, POOL_REFILL_DELAY_S, 0.);
     p->pool_check.data = p->pool_retry.data = p->pool_soon.data = p;
+    ev_timer_init(&p->stack_wait, on_stack_wait, STACK_WAIT_MAX_S, 0.);
+    p->stack_wait.data = p;
     sbx_facts *f = &p->facts;
     f->name = be->name;
     f->tier = be->tier;
@@ -2084,6 +2319,12 @@ void sbx_real_destroy(sbx_provider *p)
     ev_timer_stop(p->loop, &p->pool_check);
     ev_timer_stop(p->loop, &p->pool_retry);
     ev_timer_stop(p->loop, &p->pool_soon);
+    ev_timer_stop(p->loop, &p->stack_wait);
+    if (p->stack) { /* a check still running (or closing) ends with the daemon */
+        ev_timer_stop(p->loop, &p->stack->bound);
+        sbx_box_destroy_sync(p->stack->box);
+        free(p->stack);
+    }
     /* Normally only the pool is left; after a forced stop, everything goes now. */
     while (p->members) {
         member *m = p->members;

@@ -17,7 +17,9 @@
 
 uint32_t sbx_uids_need(const sbx_config *cfg)
 {
-    return cfg->max_sessions + cfg->pool + (cfg->max_runs ? cfg->max_runs : 1);
+    /* + the data stack check's sandbox, live beside the others once serving */
+    return cfg->max_sessions + cfg->pool + (cfg->max_runs ? cfg->max_runs : 1) +
+           (cfg->data_stack_check ? 1 : 0);
 }
 
 uint32_t sbx_uids_count(const sbx_config *cfg)
@@ -34,8 +36,8 @@ int sbx_uids_init(sbx_uids *u, uid_t first, uint32_t count, uint32_t need, char 
     u->lock_fd = -1;
     if (count < need) {
         *why = sbx_printf("--uid-range holds %u uids, fewer than the %u sandboxes that can be "
-                          "live at once (--max-sessions, --pool, --max-concurrent-runs): two "
-                          "would share a uid", count, need);
+                          "live at once (--max-sessions, --pool, --max-concurrent-runs, the data "
+                          "stack check): two would share a uid", count, need);
         return -1;
     }
     u->first = first;

@@ -88,6 +88,9 @@ static const char usage_text[] =
     "  --session-disk-mb N            a session's files, measured after each call; over it\n"
     "                                 the session ends disk_exceeded (default 1024; 0 = off)\n"
     "  --pool N                       warm sandboxes with interpreters started (default 2)\n"
+    "  --no-data-stack-check          skip the check, in the background after start-up,\n"
+    "                                 that NumPy, SciPy, pandas and matplotlib import in a\n"
+    "                                 sandbox (Describe then lists no pythonPackages)\n"
     "  --uid-range FIRST-LAST         uids (and gids) sandboxed code runs as when sandboxd\n"
     "                                 is root, one per sandbox, never two at once (default\n"
     "                                 61000 and on: 1000 uids, or what can be live at once if\n"
@@ -216,6 +219,7 @@ enum {
     OPT_HELP, OPT_VERSION, OPT_CELL_T, OPT_CELL_TMAX, OPT_SNIP_T, OPT_SNIP_TMAX, OPT_MEMORY,
     OPT_PIDS, OPT_CPUS, OPT_WORK_MB, OPT_DISK_MB, OPT_POOL, OPT_UID, OPT_STATE_DIR, OPT_PYTHON,
     OPT_NODE, OPT_BWRAP, OPT_RUNSC, OPT_PLATFORM, OPT_UID_RANGE, OPT_RECORD_KEY,
+    OPT_NO_STACK_CHECK,
 };
 
 /* Admission and connection limits (issue 11). */
@@ -249,6 +253,7 @@ static const struct option long_options[] = {
     {"work-mb", required_argument, NULL, OPT_WORK_MB},
     {"session-disk-mb", required_argument, NULL, OPT_DISK_MB},
     {"pool", required_argument, NULL, OPT_POOL},
+    {"no-data-stack-check", no_argument, NULL, OPT_NO_STACK_CHECK},
     {"sandbox-uid", required_argument, NULL, OPT_UID},
     {"uid-range", required_argument, NULL, OPT_UID_RANGE},
     {"state-dir", required_argument, NULL, OPT_STATE_DIR},
@@ -297,6 +302,7 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
     c->work_mb = 128;
     c->disk_mb = 1024;
     c->pool = 2;
+    c->data_stack_check = true;
     c->sandbox_uid = 61000;
     c->python_path = sbx_xstrdup("/usr/bin/python3");
     c->node_path = sbx_xstrdup("/usr/bin/node");
@@ -388,6 +394,9 @@ int sbx_config_parse(sbx_config *c, int argc, char **argv)
             break;
         case OPT_TEST_ENDPOINTS:
             c->test_endpoints = true;
+            break;
+        case OPT_NO_STACK_CHECK:
+            c->data_stack_check = false;
             break;
         case OPT_CELL_T:
         case OPT_CELL_TMAX:

@@ -38,6 +38,7 @@ typedef struct sbx_config {
     uint32_t memory_mb, pids, work_mb, disk_mb;          /* 256, 256, 128, 1024 (0 = none) */
     double cpus;                                         /* 1 */
     uint32_t pool;                                       /* warm sandboxes, 2 */
+    bool data_stack_check;                               /* Describe's pythonPackages, on */
     uint32_t sandbox_uid;                                /* first of the uid range, 61000 */
     uint32_t uid_count;                                  /* --uid-range size; 0: default */
     char *state_dir;                                     /* NULL: see state_dir.h */

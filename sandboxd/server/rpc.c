@@ -127,6 +127,14 @@ static void set_env(json_t *o, const char *name, const sbx_env_facts *e)
         json_object_set_new(env, "softwareIdentity", json_string(e->software_identity));
     if (e->languages)
         json_object_set_new(env, "languages", languages_json(e->languages));
+    /* An extension (docs/wire.md §5.1): clients that do not know it ignore it. */
+    if (e->n_python_packages) {
+        json_t *pk = json_object();
+        for (size_t i = 0; i < e->n_python_packages; i++)
+            json_object_set_new(pk, e->python_packages[i].name,
+                                json_string(e->python_packages[i].version));
+        json_object_set_new(env, "pythonPackages", pk);
+    }
     if (json_object_size(env))
         json_object_set_new(o, name, env);
     else
