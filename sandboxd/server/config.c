@@ -2,14 +2,13 @@
  * config.c — command-line parsing and the token file.
  */
 #include "config.h"
+#include "tokens.h"             /* httpd/: what serve shares */
 
 #include "log.h"
 #include "util.h"
 
 #include <errno.h>
 #include <getopt.h>
-#include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +16,6 @@
 
 #define MIN_LIFETIME_MS 1000u
 #define MAX_LIFETIME_MS (12u * 3600u * 1000u)
-#define MAX_TOKEN_FILE_BYTES (1u << 20)
 
 static const char usage_text[] =
     "usage: sandboxd --listen HOST:PORT --token-file FILE [--provider NAME] [options]\n"
@@ -529,50 +527,16 @@ static uint32_t half_share(uint32_t total)
 }
 
 /* Trims spaces, tabs and a CR (files written on Windows) from both ends. */
-static void trim(char **start, char **end)
-{
-    while (*start < *end && strchr(" \t\r", **start))
-        (*start)++;
-    while (*end > *start && strchr(" \t\r", (*end)[-1]))
-        (*end)--;
-}
-
 int sbx_config_load_tokens(sbx_config *c)
 {
-    FILE *f = fopen(c->token_file, "rb");
-    if (!f) {
-        sbx_log("cannot read the token file %s: %s", c->token_file, strerror(errno));
+    char *why = NULL;
+    int n = httpd_tokens_read(c->token_file, &c->token_hashes, &why);
+    if (n < 0) {
+        sbx_log("%s", why ? why : "cannot read the token file");
+        free(why);
         return -1;
     }
-    char *buf = sbx_xmalloc(MAX_TOKEN_FILE_BYTES + 1);
-    size_t len = fread(buf, 1, MAX_TOKEN_FILE_BYTES + 1, f);
-    bool failed = ferror(f) != 0;
-    fclose(f);
-    if (failed || len > MAX_TOKEN_FILE_BYTES) {
-        sbx_log("cannot read the token file %s: %s", c->token_file,
-                failed ? "read error" : "larger than 1 MiB");
-        OPENSSL_cleanse(buf, len);
-        free(buf);
-        return -1;
-    }
-    buf[len] = '\0';
-    size_t cap = 0;
-    for (char *line = buf; line < buf + len;) {
-        char *nl = memchr(line, '\n', (size_t)(buf + len - line));
-        char *end = nl ? nl : buf + len;
-        char *next = nl ? nl + 1 : buf + len;
-        trim(&line, &end);
-        if (line < end && *line != '#') {
-            if (c->n_tokens == cap) {
-                cap = cap ? 2 * cap : 4;
-                c->token_hashes = sbx_xrealloc(c->token_hashes, cap * sizeof *c->token_hashes);
-            }
-            SHA256((const unsigned char *)line, (size_t)(end - line), c->token_hashes[c->n_tokens++]);
-        }
-        line = next;
-    }
-    OPENSSL_cleanse(buf, len); /* the plaintext tokens do not outlive start-up */
-    free(buf);
+    c->n_tokens = (size_t)n;
     if (c->n_tokens == 0) {
         sbx_log("the token file %s holds no token (one per line; # starts a comment)",
                 c->token_file);
@@ -600,8 +564,6 @@ void sbx_config_free(sbx_config *c)
     free(c->bwrap_path);
     free(c->runsc_path);
     free(c->runsc_platform);
-    if (c->token_hashes)
-        OPENSSL_cleanse(c->token_hashes, c->n_tokens * sizeof *c->token_hashes);
-    free(c->token_hashes);
+    httpd_tokens_free(c->token_hashes, c->n_tokens);
     memset(c, 0, sizeof *c);
 }

@@ -45,7 +45,7 @@ typedef struct sbx_config {
     char *python_path, *node_path, *bwrap_path, *runsc_path, *runsc_platform;
     char *record_key_path;         /* --record-key: sign records (records.c), or NULL */
     /* SHA-256 of each token of the token file: the tokens themselves are not kept. */
-    unsigned char (*token_hashes)[32];
+    unsigned char (*token_hashes)[32]; /* httpd_token_hash (tokens.h) */
     size_t n_tokens;
 } sbx_config;
 

@@ -23,6 +23,7 @@
 #include "connguard.h"
 #include "listener.h"
 #include "mhd_ev.h"
+#include "tokens.h"
 #include "log.h"
 #include "util.h"
 
@@ -31,7 +32,6 @@
 #include <fcntl.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,26 +264,16 @@ static bool json_content_type(const char *ct)
  * exit), so timing tells nothing about which token or how much of it matched. */
 static bool authenticate(sbx_call *c)
 {
-    const char *auth = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
-                                                   MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+    httpd_token_hash hash;
+    if (!httpd_bearer_hash(MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION), hash))
         return false;
-    const char *token = auth + 7;
-    while (*token == ' ')
-        token++;
-    size_t len = strlen(token);
-    while (len && (token[len - 1] == ' ' || token[len - 1] == '\t'))
-        len--;
-    if (!len)
-        return false;
-    unsigned char hash[32];
-    SHA256((const unsigned char *)token, len, hash);
     int found = 0;
     const sbx_config *cfg = c->h->cfg;
     for (size_t i = 0; i < cfg->n_tokens; i++)
         found |= CRYPTO_memcmp(hash, cfg->token_hashes[i], sizeof hash) == 0;
     if (found)
-        sbx_hex(hash, sizeof hash, c->principal);
+        plm_hex_encode(hash, sizeof hash, c->principal);
     OPENSSL_cleanse(hash, sizeof hash);
     return found;
 }

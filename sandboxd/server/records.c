@@ -204,19 +204,6 @@ void sbx_records_unload_key(void)
     sign_key = NULL;
 }
 
-/* DSSE's pre-authentication encoding: "DSSEv1 <len> <type> <len> <payload>". */
-static unsigned char *dsse_pae(const char *payload, size_t len, size_t *out_len)
-{
-    char head[128];
-    int h = snprintf(head, sizeof head, "DSSEv1 %zu %s %zu ", strlen(DSSE_PAYLOAD_TYPE),
-                     DSSE_PAYLOAD_TYPE, len);
-    unsigned char *pae = sbx_xmalloc((size_t)h + len + 1);
-    memcpy(pae, head, (size_t)h);
-    memcpy(pae + h, payload, len);
-    *out_len = (size_t)h + len;
-    return pae;
-}
-
 /* The statement in the reference's field order (Go's encoding/json of its structs). */
 static json_t *run_record_statement(const plm_record *r)
 {
@@ -260,7 +247,7 @@ json_t *sbx_record_envelope(const plm_record *rec)
     if (!payload)
         return NULL;
     size_t plen = strlen(payload), pae_len, sig_len = 64;
-    unsigned char *pae = dsse_pae(payload, plen, &pae_len), sig[64];
+    unsigned char *pae = plm_dsse_pae(DSSE_PAYLOAD_TYPE, payload, plen, &pae_len), sig[64];
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     bool ok = ctx && EVP_DigestSignInit(ctx, NULL, NULL, NULL, sign_key) == 1 &&
               EVP_DigestSign(ctx, sig, &sig_len, pae, pae_len) == 1 && sig_len == 64;

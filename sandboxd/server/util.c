@@ -2,6 +2,7 @@
  * util.c — allocation, strings, time, randomness, hex and base64 helpers.
  */
 #include "util.h"
+#include "plimsoll.h"
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -76,22 +77,12 @@ int64_t sbx_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void sbx_hex(const unsigned char *data, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[data[i] >> 4];
-        out[2 * i + 1] = digits[data[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
 bool sbx_random_hex(size_t n, char *out)
 {
     unsigned char buf[64];
     if (n > sizeof buf || RAND_bytes(buf, (int)n) != 1)
         return false;
-    sbx_hex(buf, n, out);
+    plm_hex_encode(buf, n, out);
     return true;
 }
 

@@ -24,9 +24,8 @@ char *sbx_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Wall clock in Unix milliseconds (records carry these). */
 int64_t sbx_now_ms(void);
 
-/* Lowercase hex of n bytes into out (2n + 1 bytes). */
-void sbx_hex(const unsigned char *data, size_t n, char *out);
-/* n random bytes from OpenSSL as 2n lowercase hex digits; false when RAND_bytes fails. */
+/* n random bytes from OpenSSL as 2n lowercase hex digits (plm_hex_encode: lowercase hex
+ * of bytes is libplimsoll's); false when RAND_bytes fails. */
 bool sbx_random_hex(size_t n, char *out);
 
 /* Standard base64 of bytes (malloc'd); `padded` false drops the '=' (error details). */
