@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cmocka.h>
 #include <curl/curl.h>
@@ -333,6 +334,175 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
   stop(s);
 }
 
+/* {====================================================== message ids */
+
+typedef struct answer {
+  long status;
+  char *body;
+  size_t len;
+  bool replayed;                 /* X-Berth-Replayed: 1 */
+  bool retry_after;
+} answer;
+
+static size_t on_answer_body(char *p, size_t size, size_t n, void *ud)
+{
+  answer *a = ud;
+  a->body = realloc(a->body, a->len + size * n + 1);
+  memcpy(a->body + a->len, p, size * n);
+  a->len += size * n;
+  a->body[a->len] = 0;
+  return size * n;
+}
+
+static size_t on_answer_header(char *p, size_t size, size_t n, void *ud)
+{
+  answer *a = ud;
+  if (size * n >= 19 && !strncasecmp(p, "X-Berth-Replayed: 1", 19))
+    a->replayed = true;
+  if (size * n >= 12 && !strncasecmp(p, "Retry-After:", 12))
+    a->retry_after = true;
+  return size * n;
+}
+
+/* POST …/messages with the client's id for the message: in the body's messageId, or
+ * (header) as an Idempotency-Key. */
+static answer post_keyed(st_server *s, const char *id, const char *content, const char *mid,
+                         bool header)
+{
+  answer a = {0};
+  json_t *body = json_pack("{s:s}", "content", content);
+  if (!header)
+    json_object_set_new(body, "messageId", json_string(mid));
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  char line[256];
+  struct curl_slist *h = NULL;
+  snprintf(line, sizeof line, "Authorization: Bearer %s", s->token[0]);
+  h = curl_slist_append(h, line);
+  h = curl_slist_append(h, "Content-Type: application/json");
+  h = curl_slist_append(h, "Expect:");
+  if (header) {
+    snprintf(line, sizeof line, "Idempotency-Key: %s", mid);
+    h = curl_slist_append(h, line);
+  }
+  CURL *e = curl_easy_init();
+  curl_easy_setopt(e, CURLOPT_URL, st_url(s, "/v1/conversations/%s/messages", id));
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, text);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_answer_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &a);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_answer_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &a);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  if (curl_easy_perform(e) == CURLE_OK)
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &a.status);
+  curl_easy_cleanup(e);
+  curl_slist_free_all(h);
+  free(text);
+  if (!a.body)
+    a.body = strdup("");
+  return a;
+}
+
+/* The events of a 200 answer, checked to be turn `turn`; a replay's start with the
+ * stored "user" event (`content`, with message id `mid`), which a live stream does not
+ * repeat. */
+static json_t *one_turn(answer *a, int turn, const char *content, const char *mid)
+{
+  if (a->status != 200)
+    fail_msg("status %ld: %s", a->status, a->body);
+  json_t *ev = st_sse_parse(a->body, a->len);
+  json_t *user = event_named(ev, "user");
+  if (a->replayed) {
+    assert_ptr_equal(user, json_object_get(json_array_get(ev, 0), "data"));
+    assert_string_equal(json_string_value(json_object_get(user, "text")), content);
+    assert_string_equal(json_string_value(json_object_get(user, "messageId")), mid);
+  } else
+    assert_null(user);
+  assert_int_equal(json_integer_value(json_object_get(event_named(ev, "turn_end"), "turn")),
+                   turn);
+  free(a->body);
+  a->body = NULL;
+  return ev;
+}
+
+static size_t count_named(json_t *events, const char *name)
+{
+  size_t i, n = 0;
+  json_t *e;
+  json_array_foreach(events, i, e)
+    n += !strcmp(json_string_value(json_object_get(e, "event")), name);
+  return n;
+}
+
+/* A message whose id is stored is answered from the store (through its index), never
+ * run again: any earlier turn of a longer conversation is replayed whole (body
+ * messageId or Idempotency-Key), also after a restart; one still running is 503 busy
+ * with Retry-After; one whose host was SIGKILLed in it replays its interrupted end;
+ * an unknown id runs. */
+static void test_message_id_is_answered_from_the_store(void **state)
+{
+  (void)state;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args()), 0);
+  char id[40], mid[32], content[32];
+  create(s, 0, id);
+  enum { TURNS = 12 };
+  for (int t = 1; t <= TURNS; t++) {
+    snprintf(mid, sizeof mid, "m-%d", t);
+    snprintf(content, sizeof content, "x = %d", t);
+    answer a = post_keyed(s, id, content, mid, t % 2);
+    assert_false(a.replayed);
+    json_decref(one_turn(&a, t, content, mid));
+  }
+  /* a retry of turn 3 (body), of turn 8 (header): replayed, nothing runs */
+  for (int round = 0; round < 2; round++) {
+    for (int t = 3; t <= 8; t += 5) {
+      snprintf(mid, sizeof mid, "m-%d", t);
+      snprintf(content, sizeof content, "x = %d", t);
+      answer a = post_keyed(s, id, "ignored", mid, t == 8);
+      assert_true(a.replayed);
+      json_t *ev = one_turn(&a, t, content, mid);
+      assert_int_equal(count_named(ev, "user"), 1);
+      assert_int_equal(count_named(ev, "tool_call"), 1);
+      assert_int_equal(count_named(ev, "turn_end"), 1);
+      json_decref(ev);
+    }
+    if (round == 0)             /* the same from the store a new process opens */
+      assert_int_equal(st_restart(s, SIGTERM, args()), 0);
+  }
+
+  /* a turn still running: busy, then its host dies in it and a retry replays its end */
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:3000\", \"messageId\": \"slow\"}");
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
+  answer a = post_keyed(s, id, "plimsoll-echo:sleep:3000", "slow", true);
+  assert_int_equal(a.status, 503);
+  assert_true(a.retry_after);
+  assert_non_null(strstr(a.body, "\"busy\""));
+  free(a.body);
+  assert_int_equal(st_restart(s, SIGKILL, args()), 128 + SIGKILL);
+  st_pump(m, st_done, &st, WAIT);
+  st_stream_free(&st, m);
+  curl_multi_cleanup(m);
+  a = post_keyed(s, id, "plimsoll-echo:sleep:3000", "slow", false);
+  assert_true(a.replayed);
+  json_t *ev = one_turn(&a, TURNS + 1, "plimsoll-echo:sleep:3000", "slow");
+  json_t *err = event_named(ev, "error");
+  assert_string_equal(json_string_value(json_object_get(err, "code")), "interrupted");
+  json_decref(ev);
+
+  /* an id not stored runs (the next turn) */
+  a = post_keyed(s, id, "x = 99", "m-new", false);
+  assert_false(a.replayed);
+  json_decref(one_turn(&a, TURNS + 2, "x = 99", "m-new"));
+  stop(s);
+}
+
 /* }====================================================== */
 
 int main(void)
@@ -340,6 +510,7 @@ int main(void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_turn_running_at_sigkill_is_marked_interrupted),
     cmocka_unit_test(test_restart_keeps_every_conversation_history_and_state),
+    cmocka_unit_test(test_message_id_is_answered_from_the_store),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -672,16 +672,119 @@ static void test_lease_takeover_marks_that_turn_interrupted(void **state)
   assert_false(marked);
 }
 
-/* The schema version 1 (before leases) as it was, for the migration tests. */
+static uint64_t find_message(berth_store *s, const char *id, const char *mid,
+                             uint64_t before)
+{
+  uint64_t seq = 99;
+  bool found = true;
+  no_error(berth_store_find_message(s, id, mid, before, &seq, &found));
+  assert_true(found == (seq != 0));
+  return seq;
+}
+
+/* A message id is found by the store (its index): the latest "user" event that was
+ * written with it, and an earlier one below `before`; not another conversation's, not
+ * one only in an event's JSON, nor one that event was written again without. */
+static void test_find_message_by_id(void **state)
+{
+  fixture *f = *state;
+  berth_store_conv r = record("F1", "k1");
+  berth_store_put_conv(f->s, &r);
+  static const char weird[] = "id \"q\" \\ é/ü";   /* stored as given: no JSON */
+  /* by turn: "a" (1, and 5 again), none, "b", weird, and "c" sent while
+   * turn 5 still ran (a queued message is numbered with the running turn) */
+  const char *const mids[] = {NULL, "a", NULL, "b", weird, "a", "c"};
+  uint64_t seq = 0;
+  for (uint32_t turn = 1; turn <= 6; turn++) {
+    const char *mid = mids[turn];
+    char data[96];
+    if (mid)
+      snprintf(data, sizeof data, "{\"text\":\"t%u\",\"messageId\":\"%s\"}", turn,
+               mid == weird ? "w" : mid);
+    else
+      snprintf(data, sizeof data, "{\"text\":\"t%u\"}", turn);
+    berth_store_put_user_event(f->s, "F1", ++seq, turn == 6 ? 5 : turn, data, mid);
+    if (turn == 5)
+      continue;
+    for (int d = 0; d < 3; d++)
+      berth_store_put_event(f->s, "F1", ++seq, turn, "delta", "\"x\"");
+    berth_store_put_event(f->s, "F1", ++seq, turn, "turn_end", "{\"ok\":true}");
+  }
+  /* the same id in a conversation alone, and an id only in an event's JSON */
+  berth_store_conv q = record("F2", "k1");
+  berth_store_put_conv(f->s, &q);
+  berth_store_put_user_event(f->s, "F2", 1, 1, "{\"text\":\"x\",\"messageId\":\"z\"}",
+                             "z");
+  berth_store_put_event(f->s, "F2", 2, 1, "user",
+                        "{\"text\":\"y\",\"messageId\":\"j\"}");
+  berth_store_put_user_event(f->s, "F2", 3, 2, "{\"text\":\"z\"}", NULL);
+
+  /* (no flush: a find sees every write queued before it) */
+  assert_int_equal(find_message(f->s, "F1", "a", 0), 21);        /* the latest */
+  assert_int_equal(find_message(f->s, "F1", "a", 21), 1);        /* the one before */
+  assert_int_equal(find_message(f->s, "F1", "a", 1), 0);
+  assert_int_equal(find_message(f->s, "F1", "b", 0), 11);
+  assert_int_equal(find_message(f->s, "F1", weird, 0), 16);
+  assert_int_equal(find_message(f->s, "F1", "c", 0), 22);
+  assert_int_equal(find_message(f->s, "F1", "zz", 0), 0);        /* unknown */
+  assert_int_equal(find_message(f->s, "F1", "z", 0), 0);         /* F2's */
+  assert_int_equal(find_message(f->s, "F2", "a", 0), 0);         /* F1's */
+  assert_int_equal(find_message(f->s, "F2", "z", 0), 1);
+  assert_int_equal(find_message(f->s, "F2", "j", 0), 0);         /* only in its JSON */
+  assert_int_equal(find_message(f->s, "nope", "a", 0), 0);
+
+  /* the events read as before, from the one found on */
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "F1", 11 - 1, 0, &ev, &n));
+  assert_int_equal(n, 26 - 10);
+  assert_int_equal(ev[0].seq, 11);
+  assert_int_equal(ev[0].turn, 3);
+  assert_string_equal(ev[0].kind, "user");
+  assert_string_equal(ev[0].data, "{\"text\":\"t3\",\"messageId\":\"b\"}");
+  assert_string_equal(ev[4].kind, "turn_end");
+  assert_string_equal(ev[n - 1].kind, "turn_end");
+  assert_int_equal(ev[n - 1].seq, 26);
+  berth_store_events_free(ev, n);
+
+  /* an event written again is replaced whole: its id goes (or comes) with it */
+  berth_store_put_event(f->s, "F1", 11, 3, "user", "{\"text\":\"t3\"}");
+  berth_store_put_user_event(f->s, "F1", 12, 3, "{\"text\":\"t3\"}", "b");
+  assert_int_equal(find_message(f->s, "F1", "b", 0), 12);
+  assert_int_equal(find_message(f->s, "F1", "b", 12), 0);
+  no_error(berth_store_flush(f->s));
+  assert_int_equal(find_message(f->s, "F1", "a", 0), 21);
+}
+
+/* The schema version 2 (before message ids) as it was, with a conversation whose "user"
+ * event holds its messageId in its JSON only; then version 1 (before leases). */
+#define DOWNGRADE_TO_2 \
+  "DROP INDEX events_by_message_id;" \
+  "ALTER TABLE events DROP COLUMN message_id;" \
+  "UPDATE schema_version SET version = 2;"
+#define OLD_CONVERSATION \
+  "INSERT INTO conversations (id, caller, run_id, status, created_ms, updated_ms, turns," \
+  " last_event) VALUES ('old', 'k1', 'conv-old', 'suspended', 1, 2, 7, 30);" \
+  "INSERT INTO events (conv, seq, turn, kind, data) VALUES" \
+  " ('old', 27, 7, 'user', '{\"text\":\"hi\",\"messageId\":\"m-old\"}')," \
+  " ('old', 28, 7, 'turn_end', '{\"ok\":true}')," \
+  " ('old', 29, 8, 'user', '{\"text\":\"no id\"}');"
+static const char downgrade_to_2[] = DOWNGRADE_TO_2 OLD_CONVERSATION;
+/* (and a text that is not JSON, which berth never writes: it gets no id, and the
+ * migration does not fail on it) */
 static const char downgrade_to_1[] =
+  DOWNGRADE_TO_2
   "DROP INDEX conversations_leased;"
   "ALTER TABLE conversations DROP COLUMN lease_holder;"
   "ALTER TABLE conversations DROP COLUMN lease_expiry_ms;"
   "UPDATE schema_version SET version = 1;"
-  "INSERT INTO conversations (id, caller, run_id, status, created_ms, updated_ms, turns,"
-  " last_event) VALUES ('old', 'k1', 'conv-old', 'suspended', 1, 2, 7, 30);";
+  OLD_CONVERSATION
+  "INSERT INTO events (conv, seq, turn, kind, data) VALUES"
+  " ('old', 30, 8, 'user', 'not JSON, \"messageId\":\"m-old\"');";
 
-/* A version 1 store is migrated to 2 at open: its conversations kept, leases work. */
+/* An old store is migrated to BERTH_STORE_SCHEMA at open: its conversations and events
+ * kept and readable, leases work (2), and the message ids its "user" events held in
+ * their JSON are found through the index (3). */
 static void check_migrated(fixture *f)
 {
   berth_store_conv got;
@@ -695,6 +798,22 @@ static void check_migrated(fixture *f)
   berth_store_lease l = take(f->s, f->loop, "old", "host-a", 60000);
   assert_true(l.taken);
   assert_int_equal(l.last_event, 30);
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "old", 0, 0, &ev, &n));
+  assert_true(n == 3 || n == 4);
+  assert_int_equal(ev[0].seq, 27);
+  assert_string_equal(ev[0].kind, "user");
+  assert_string_equal(ev[0].data, "{\"text\":\"hi\",\"messageId\":\"m-old\"}");
+  if (n == 4)
+    assert_string_equal(ev[3].data, "not JSON, \"messageId\":\"m-old\"");
+  berth_store_events_free(ev, n);
+  assert_int_equal(find_message(f->s, "old", "m-old", 0), 27);
+  assert_int_equal(find_message(f->s, "old", "no id", 0), 0);
+  /* new ones are written and found beside the old */
+  berth_store_put_user_event(f->s, "old", 31, 9, "{\"text\":\"again\"}", "m-old");
+  assert_int_equal(find_message(f->s, "old", "m-old", 0), 31);
+  assert_int_equal(find_message(f->s, "old", "m-old", 31), 27);
 }
 
 /* {====================================================== SQLite files */
@@ -825,7 +944,38 @@ static void test_sqlite_version_1_is_migrated_to_2(void **state)
   sql_on_file(f->path, downgrade_to_1);
   assert_int_equal(version_on_file(f->path), 1);
   no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_on_file(f->path), BERTH_STORE_SCHEMA);
+  check_migrated(f);
+}
+
+/* The index is there after the migration, and the lookup uses it. */
+static void check_index_on_file(const char *path)
+{
+  sqlite3 *db;
+  sqlite3_stmt *q;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "EXPLAIN QUERY PLAN SELECT max(seq) FROM events"
+                                          " WHERE conv = 'old' AND message_id = 'm'"
+                                          " AND seq < 99", -1, &q, NULL), SQLITE_OK);
+  bool indexed = false;
+  while (sqlite3_step(q) == SQLITE_ROW)
+    indexed |= strstr((const char *)sqlite3_column_text(q, 3),
+                      "events_by_message_id") != NULL;
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  assert_true(indexed);
+}
+
+static void test_sqlite_version_2_is_migrated_to_3(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  sql_on_file(f->path, downgrade_to_2);
   assert_int_equal(version_on_file(f->path), 2);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_on_file(f->path), 3);
+  check_index_on_file(f->path);
   check_migrated(f);
 }
 
@@ -870,7 +1020,52 @@ static void test_pg_version_1_is_migrated_to_2(void **state)
   assert_int_equal(pgtest_sql(f->url, downgrade_to_1), 0);
   assert_int_equal(version_in_db(f->url), 1);
   no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_in_db(f->url), BERTH_STORE_SCHEMA);
+  check_migrated(f);
+}
+
+/* The partial index is there, and serves the lookup (the planner proves that
+ * message_id = $2 implies IS NOT NULL, with the generic plan too). */
+static void check_index_in_db(const char *url)
+{
+  PGconn *c = PQconnectdb(url);
+  assert_int_equal(PQstatus(c), CONNECTION_OK);
+  PGresult *r = PQexec(c, "SELECT count(*) FROM pg_indexes WHERE schemaname ="
+                          " current_schema() AND indexname = 'events_by_message_id'"
+                          " AND indexdef LIKE '%(conv, message_id) WHERE%NOT NULL%'");
+  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+  assert_string_equal(PQgetvalue(r, 0, 0), "1");
+  PQclear(r);
+  static const char *const plan[] = {
+    "SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",
+    ("PREPARE f(text, text, bigint) AS SELECT max(seq) FROM events"
+     " WHERE conv = $1 AND message_id = $2 AND seq < $3"),
+  };
+  for (size_t i = 0; i < 3; i++) {
+    r = PQexec(c, plan[i]);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+  }
+  r = PQexec(c, "EXPLAIN EXECUTE f('old', 'm', 99)");
+  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+  bool indexed = false;
+  for (int i = 0; i < PQntuples(r); i++)
+    indexed |= strstr(PQgetvalue(r, i, 0), "events_by_message_id") != NULL;
+  PQclear(r);
+  PQfinish(c);
+  assert_true(indexed);
+}
+
+static void test_pg_version_2_is_migrated_to_3(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  assert_int_equal(pgtest_sql(f->url, downgrade_to_2), 0);
   assert_int_equal(version_in_db(f->url), 2);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_in_db(f->url), 3);
+  check_index_in_db(f->url);
   check_migrated(f);
 }
 
@@ -1163,7 +1358,9 @@ int main(void)
     BOTH(test_lease_renew_extends_the_hosts_leases),
     BOTH(test_lease_release_frees_it),
     BOTH(test_lease_takeover_marks_that_turn_interrupted),
+    BOTH(test_find_message_by_id),
     LITE(test_sqlite_version_1_is_migrated_to_2),
+    LITE(test_sqlite_version_2_is_migrated_to_3),
     LITE(test_sqlite_keeps_everything_across_reopening),
     LITE(test_sqlite_newer_schema_is_refused_untouched),
     LITE(test_sqlite_corrupt_or_foreign_file_is_refused),
@@ -1184,7 +1381,9 @@ int main(void)
     PG(test_lease_renew_extends_the_hosts_leases),
     PG(test_lease_release_frees_it),
     PG(test_lease_takeover_marks_that_turn_interrupted),
+    PG(test_find_message_by_id),
     PG(test_pg_version_1_is_migrated_to_2),
+    PG(test_pg_version_2_is_migrated_to_3),
     PG(test_pg_newer_schema_is_refused_untouched),
     PG(test_pg_foreign_database_is_refused),
     PG(test_pg_unreachable_is_unavailable_and_hides_the_password),

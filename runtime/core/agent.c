@@ -337,17 +337,28 @@ static bool store_save(berth_conv *c, bool ctx)
   return ctx;
 }
 
-uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data)
+/* berth_conv_record_event; a "user" event goes with its message's id (NULL: none),
+ * which the store indexes: a retry is found without reading the events (store.h). */
+static uint64_t record_event(berth_conv *c, const char *kind, const json_t *data,
+                             const char *message_id)
 {
   uint64_t seq = ++c->last_event;
   berth_store *st = store_of(c);
   if (st) {
     char *text = data ? json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-    berth_store_put_event(st, c->sid, seq, c->turn ? c->turns : c->accepted, kind,
-                          text ? text : "null");
+    uint32_t turn = c->turn ? c->turns : c->accepted;
+    if (!strcmp(kind, "user"))
+      berth_store_put_user_event(st, c->sid, seq, turn, text ? text : "null", message_id);
+    else
+      berth_store_put_event(st, c->sid, seq, turn, kind, text ? text : "null");
     free(text);
   }
   return seq;
+}
+
+uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data)
+{
+  return record_event(c, kind, data, NULL);
 }
 
 const char *berth_conv_store_id(const berth_conv *c) { return c->sid ? c->sid : c->run_id; }
@@ -1135,9 +1146,12 @@ static berth_error *conv_message(berth_conv *c, const char *message,
      * left unfinished should the host die, then a sync. */
     m->durable = false;
     json_t *data = json_pack("{s:s}", "text", message);
-    if (message_id)
-      json_object_set_new(data, "messageId", json_string(message_id));
-    berth_conv_record_event(c, "user", data);
+    /* the id is indexed as the event holds it: one that is not UTF-8 (a raw
+     * Idempotency-Key) is in neither */
+    json_t *mid = message_id ? json_string(message_id) : NULL;
+    if (mid)
+      json_object_set_new(data, "messageId", mid);
+    record_event(c, "user", data, mid ? message_id : NULL);
     json_decref(data);
     store_save(c, false);
     ticket *t = berth_xcalloc(1, sizeof *t);

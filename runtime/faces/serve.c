@@ -1443,43 +1443,88 @@ static enum MHD_Result store_unreadable(request *q, berth_error *e)
   return queue(q, MHD_HTTP_SERVICE_UNAVAILABLE, store_unreadable_response(e));
 }
 
+/* How many events a replay reads at a time, from its message's "user" event on: its
+ * turn's end is usually in the first page, and a retry of an old message reads no
+ * further than that turn. */
+#define REPLAY_PAGE 256
+
+/* The stored events of conversation `id` from event `seq` (a "user" event) on, up to
+ * the turn_end of its turn: *end is that turn_end's index in *ev, or *n when its turn
+ * has not ended. */
+static berth_error *read_turn(berth_store *store, const char *id, uint64_t seq,
+                              berth_store_event **ev, size_t *n, size_t *end)
+{
+  *ev = NULL;
+  *n = *end = 0;
+  size_t cap = 0;
+  for (;;) {
+    berth_store_event *page;
+    size_t got;
+    uint64_t after = *n ? (*ev)[*n - 1].seq : seq - 1;
+    berth_error *e = berth_store_read_events(store, id, after, REPLAY_PAGE, &page, &got);
+    if (e) {
+      berth_store_events_free(*ev, *n);
+      *ev = NULL;
+      *n = 0;
+      return e;
+    }
+    if (got) {                  /* appended: the texts move over */
+      if (*n + got > cap) {
+        cap = 2 * (*n + got);
+        *ev = berth_xrealloc(*ev, cap * sizeof **ev);
+      }
+      memcpy(*ev + *n, page, got * sizeof *page);
+    }
+    free(page);
+    size_t j = *n ? *n : 1;
+    *n += got;
+    for (; j < *n; j++)
+      if ((*ev)[j].turn == (*ev)[0].turn && !strcmp((*ev)[j].kind, "turn_end")) {
+        *end = j;
+        return NULL;
+      }
+    if (got < REPLAY_PAGE) {
+      *end = *n;
+      return NULL;
+    }
+  }
+}
+
 /* A message whose id is stored already is not run again: its turn's stored events are
  * the answer (a retry after a cut stream, or after its host died: then its turn ends
  * "interrupted").  NULL when it is not stored (or was refused: never taken), so it
- * runs; else the response. */
+ * runs; else the response.  The store finds the id through its index; only the
+ * events of that message's turn are read. */
 static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mid,
                                            unsigned *status)
 {
   server *s = q->s;
   berth_store_event *ev = NULL;
-  size_t n = 0;
-  berth_error *e = berth_store_read_events(s->store, sc->id, 0, 0, &ev, &n);
-  if (e) {
-    *status = MHD_HTTP_SERVICE_UNAVAILABLE;
-    return retry_later(store_unreadable_response(e), 1);
-  }
-  size_t user = n, end = n;
-  for (size_t i = 0; i < n; i++) {
-    if (strcmp(ev[i].kind, "user"))
-      continue;
-    json_t *d = json_loads(ev[i].data, 0, NULL);
-    const json_t *m = json_object_get(d, "messageId");
-    bool same = json_is_string(m) && !strcmp(json_string_value(m), mid);
-    json_decref(d);
-    if (!same)
-      continue;
-    size_t j = i + 1;
-    while (j < n && !(ev[j].turn == ev[i].turn && !strcmp(ev[j].kind, "turn_end")))
-      j++;
-    if (j < n && strstr(ev[j].data, "\"refused\":true"))
-      continue;                 /* refused: it was never taken */
-    user = i;
-    end = j;
+  size_t n = 0, end = 0;
+  uint64_t before = 0;          /* the latest first, then (refused) the one before */
+  for (;;) {
+    uint64_t seq;
+    bool found;
+    berth_error *e = berth_store_find_message(s->store, sc->id, mid, before, &seq, &found);
+    if (!e && found)
+      e = read_turn(s->store, sc->id, seq, &ev, &n, &end);
+    if (e) {
+      *status = MHD_HTTP_SERVICE_UNAVAILABLE;
+      return retry_later(store_unreadable_response(e), 1);
+    }
+    if (!found || !n || ev[0].seq != seq) {
+      berth_store_events_free(ev, n);
+      return NULL;              /* not stored: it runs */
+    }
+    if (end == n || !strstr(ev[end].data, "\"refused\":true"))
+      break;
+    berth_store_events_free(ev, n);   /* refused: it was never taken */
+    ev = NULL;
+    n = 0;
+    before = seq;
   }
   struct MHD_Response *r = NULL;
-  if (user == n)
-    ;                           /* not stored: it runs */
-  else if (end == n) {
+  if (end == n) {
     *status = MHD_HTTP_SERVICE_UNAVAILABLE;
     r = retry_later(error_response("busy", "this message is being answered; its events "
                                            "are at GET /v1/conversations/%s/events", sc->id),
@@ -1490,8 +1535,8 @@ static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mi
     st->conn = q->conn;
     st->refs = 1;               /* the request's */
     s->streams_open++;
-    for (size_t i = user; i <= end; i++)
-      if (ev[i].turn == ev[user].turn)
+    for (size_t i = 0; i <= end; i++)
+      if (ev[i].turn == ev[0].turn)
         stream_put(st, ev[i].seq, ev[i].kind, ev[i].data);
     st->finished = true;
     q->stream = st;

@@ -116,6 +116,7 @@ static void op_free(store_op *op)
     berth_store_texts_free(op->texts, op->n);
   free(op->ev_kind);
   free(op->data);
+  free(op->message_id);
   free(op->host);
   free(op);
 }
@@ -172,8 +173,8 @@ void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
   enqueue(s, op);
 }
 
-void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_t turn,
-                           const char *kind, const char *json)
+static store_op *event_op(const char *id, uint64_t seq, uint32_t turn, const char *kind,
+                          const char *json)
 {
   store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_EVENT;
@@ -182,6 +183,20 @@ void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_
   op->turn = turn;
   op->ev_kind = berth_xstrdup(kind);
   op->data = berth_xstrdup(json ? json : "null");
+  return op;
+}
+
+void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_t turn,
+                           const char *kind, const char *json)
+{
+  enqueue(s, event_op(id, seq, turn, kind, json));
+}
+
+void berth_store_put_user_event(berth_store *s, const char *id, uint64_t seq,
+                                uint32_t turn, const char *json, const char *message_id)
+{
+  store_op *op = event_op(id, seq, turn, "user", json);
+  op->message_id = dup_or_null(message_id);
   enqueue(s, op);
 }
 
@@ -630,6 +645,17 @@ berth_error *berth_store_read_events(berth_store *s, const char *id, uint64_t af
   *n = 0;
   berth_error *e = read_barrier(s);
   return e ? e : read_failed(s, s->vt->read_events(s, id, after, limit, out, n));
+}
+
+berth_error *berth_store_find_message(berth_store *s, const char *id,
+                                      const char *message_id, uint64_t before,
+                                      uint64_t *seq, bool *found)
+{
+  *seq = 0;
+  *found = false;
+  berth_error *e = read_barrier(s);
+  return e ? e : read_failed(s, s->vt->find_message(s, id, message_id, before, seq,
+                                                     found));
 }
 
 /* }====================================================== */

@@ -49,6 +49,11 @@
  *     callback, the synchronous ones staying for SQLite and memory.
  *
  * Leases (schema version 2; docs/many-hosts.md): see the section at the end.
+ *
+ * Message ids (schema version 3): a "user" event may carry the client's id for its
+ * message (berth serve's messageId), kept beside the event in an indexed column, so
+ * that a retry is recognised (berth_store_find_message) without reading the
+ * conversation's events.
  */
 #ifndef BERTH_STORE_H
 #define BERTH_STORE_H
@@ -62,7 +67,7 @@
 struct ev_loop;
 
 /* The schema this binary writes; a store at a newer version is refused ("version"). */
-#define BERTH_STORE_SCHEMA 2
+#define BERTH_STORE_SCHEMA 3
 /* The most write operations one flush applies (the rest wait one loop iteration). */
 #define BERTH_STORE_BATCH_MAX 4096
 
@@ -149,9 +154,15 @@ void berth_store_put_conv(berth_store *s, const berth_store_conv *r);
  * was rewritten; `first` is then 0). */
 void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
                               const char *const *json, size_t n, bool replace);
-/* Event `seq` of the conversation (kind and JSON text copied). */
+/* Event `seq` of the conversation (kind and JSON text copied).  Writing an event
+ * number again replaces that event whole (its message id too). */
 void berth_store_put_event(berth_store *s, const char *id, uint64_t seq, uint32_t turn,
                            const char *kind, const char *json);
+/* berth_store_put_event of a "user" event (a message) with the client's id for that
+ * message beside it (copied; NULL: none), for berth_store_find_message.  The store
+ * never reads the id out of the JSON text: this is the only way it is learned. */
+void berth_store_put_user_event(berth_store *s, const char *id, uint64_t seq,
+                                uint32_t turn, const char *json, const char *message_id);
 /* `done` runs from the loop once everything queued so far is durable, or failed. */
 void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud);
 /* Applies what is queued now, from the caller's stack; NULL or the error. */
@@ -177,6 +188,13 @@ void berth_store_texts_free(char **v, size_t n);
 berth_error *berth_store_read_events(berth_store *s, const char *id, uint64_t after,
                                      size_t limit, berth_store_event **out, size_t *n);
 void berth_store_events_free(berth_store_event *v, size_t n);
+/* The number of the latest "user" event of conversation `id` written with message id
+ * `message_id` (berth_store_put_user_event) and numbered below `before` (0: any), in
+ * *seq; *found false (and *seq 0) when there is none.  An index lookup in the SQL
+ * engines: its cost does not grow with the conversation's events. */
+berth_error *berth_store_find_message(berth_store *s, const char *id,
+                                      const char *message_id, uint64_t before,
+                                      uint64_t *seq, bool *found);
 
 /* }====================================================== */
 

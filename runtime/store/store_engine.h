@@ -30,6 +30,7 @@ typedef struct store_op {
   uint64_t seq;                  /* OP_PUT_EVENT */
   uint32_t turn;
   char *ev_kind, *data;
+  char *message_id;              /* OP_PUT_EVENT: a "user" event's message id, or NULL */
   berth_store_done_fn done;      /* OP_SYNC (engines skip it), OP_LEASE_RENEW */
   void *ud;
   char *host;                    /* OP_LEASE_*: the holder */
@@ -61,6 +62,9 @@ typedef struct berth_store_vtable {
   berth_error *(*load_messages)(berth_store *s, const char *id, char ***out, size_t *n);
   berth_error *(*read_events)(berth_store *s, const char *id, uint64_t after, size_t limit,
                               berth_store_event **out, size_t *n);
+  /* berth_store_find_message (after the read barrier). */
+  berth_error *(*find_message)(berth_store *s, const char *id, const char *message_id,
+                               uint64_t before, uint64_t *seq, bool *found);
   /* Records of the conversations with a turn running. */
   berth_error *(*list_running)(berth_store *s, berth_store_conv **out, size_t *n);
   /* An asynchronous engine: waits (bounded) until every batch applied so far has

@@ -10,13 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An event, with the message id of a "user" event beside it (the SQL engines' column). */
+typedef struct mevent {
+  berth_store_event e;
+  char *message_id;              /* or NULL */
+} mevent;
+
 typedef struct mconv {
   struct mconv *hnext;
   bool has_record;               /* messages or events may come before the record */
   berth_store_conv r;             /* r.lease_holder, r.lease_expiry_ms: the lease */
   char **msgs;
   size_t n_msgs, cap_msgs;
-  berth_store_event *evs;
+  mevent *evs;
   size_t n_evs, cap_evs;
 } mconv;
 
@@ -92,7 +98,12 @@ static void mem_close(berth_store *s)
       next = c->hnext;
       berth_store_conv_clear(&c->r);
       berth_store_texts_free(c->msgs, c->n_msgs);
-      berth_store_events_free(c->evs, c->n_evs);
+      for (size_t j = 0; j < c->n_evs; j++) {
+        free(c->evs[j].e.kind);
+        free(c->evs[j].e.data);
+        free(c->evs[j].message_id);
+      }
+      free(c->evs);
       free(c);
     }
   free(m->table);
@@ -146,10 +157,10 @@ static void put_messages(mem *m, const store_op *op)
 static void put_event(mem *m, const store_op *op)
 {
   mconv *c = find_or_add(m, op->id);
-  berth_store_event *e = NULL;
-  if (c->n_evs && c->evs[c->n_evs - 1].seq >= op->seq) {
+  mevent *e = NULL;
+  if (c->n_evs && c->evs[c->n_evs - 1].e.seq >= op->seq) {
     for (size_t i = 0; i < c->n_evs; i++)
-      if (c->evs[i].seq == op->seq)
+      if (c->evs[i].e.seq == op->seq)
         e = &c->evs[i];
   }
   if (!e) {
@@ -160,12 +171,14 @@ static void put_event(mem *m, const store_op *op)
     e = &c->evs[c->n_evs++];
     memset(e, 0, sizeof *e);
   }
-  free(e->kind);
-  free(e->data);
-  e->seq = op->seq;
-  e->turn = op->turn;
-  e->kind = berth_xstrdup(op->ev_kind);
-  e->data = berth_xstrdup(op->data);
+  free(e->e.kind);
+  free(e->e.data);
+  free(e->message_id);          /* replaced whole, its id too */
+  e->e.seq = op->seq;
+  e->e.turn = op->turn;
+  e->e.kind = berth_xstrdup(op->ev_kind);
+  e->e.data = berth_xstrdup(op->data);
+  e->message_id = op->message_id ? berth_xstrdup(op->message_id) : NULL;
 }
 
 static void set_lease(mconv *c, const char *holder, int64_t expiry_ms)
@@ -328,14 +341,15 @@ static berth_error *mem_read_events(berth_store *s, const char *id, uint64_t aft
   size_t count = 0;
   berth_store_event *v = NULL;
   for (size_t i = 0; i < c->n_evs && (!limit || count < limit); i++) {
-    if (c->evs[i].seq <= after)
+    const berth_store_event *e = &c->evs[i].e;
+    if (e->seq <= after)
       continue;
     if (!v)
       v = berth_xcalloc(c->n_evs - i, sizeof *v);
-    v[count].seq = c->evs[i].seq;
-    v[count].turn = c->evs[i].turn;
-    v[count].kind = berth_xstrdup(c->evs[i].kind);
-    v[count].data = berth_xstrdup(c->evs[i].data);
+    v[count].seq = e->seq;
+    v[count].turn = e->turn;
+    v[count].kind = berth_xstrdup(e->kind);
+    v[count].data = berth_xstrdup(e->data);
     count++;
   }
   *out = v;
@@ -343,7 +357,24 @@ static berth_error *mem_read_events(berth_store *s, const char *id, uint64_t aft
   return NULL;
 }
 
+/* A pass over the conversation's events comparing ids only (no JSON): the reference
+ * behaviour, not an index (memory holds tests and `berth replay`). */
+static berth_error *mem_find_message(berth_store *s, const char *id, const char *message_id,
+                                     uint64_t before, uint64_t *seq, bool *found)
+{
+  mconv *c = find(s->engine, id);
+  for (size_t i = 0; c && i < c->n_evs; i++) {
+    const mevent *e = &c->evs[i];
+    if (e->message_id && !strcmp(e->message_id, message_id) &&
+        (!before || e->e.seq < before) && e->e.seq > *seq) {
+      *seq = e->e.seq;
+      *found = true;
+    }
+  }
+  return NULL;
+}
+
 const berth_store_vtable berth_store_memory = {
   "memory", mem_open, mem_close, mem_apply, mem_get_conv, mem_list_convs,
-  mem_load_messages, mem_read_events, mem_list_running,
+  mem_load_messages, mem_read_events, mem_find_message, mem_list_running,
 };

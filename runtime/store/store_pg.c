@@ -82,7 +82,31 @@ static const char *const migration_1[] = {
   NULL,
 };
 
-static const char *const *const migrations[BERTH_STORE_SCHEMA] = {migration_0, migration_1};
+/* 2 -> 3: message ids, indexed (store_sqlite.c).  The ids stored before are taken from
+ * their "user" events' JSON once (json, not jsonb: no other field is decoded), in one
+ * UPDATE; should a text not be JSON (berth writes none such) that UPDATE fails, and
+ * they are taken one by one, a text that is not JSON getting no id, rather than the
+ * store never opening again. */
+static const char *const migration_2[] = {
+  "ALTER TABLE events ADD COLUMN message_id TEXT",
+  "DO $$ DECLARE r record; m text; BEGIN"
+  "  UPDATE events SET message_id = data::json ->> 'messageId'"
+  "    WHERE kind = 'user' AND data LIKE '%\"messageId\"%';"
+  " EXCEPTION WHEN data_exception THEN"
+  "  FOR r IN SELECT conv, seq, data FROM events"
+  "    WHERE kind = 'user' AND data LIKE '%\"messageId\"%' LOOP"
+  "    BEGIN m := r.data::json ->> 'messageId';"
+  "    EXCEPTION WHEN data_exception THEN m := NULL; END;"
+  "    UPDATE events SET message_id = m WHERE conv = r.conv AND seq = r.seq;"
+  "  END LOOP;"
+  " END $$",
+  "CREATE INDEX events_by_message_id ON events (conv, message_id)"
+  "  WHERE message_id IS NOT NULL",
+  NULL,
+};
+
+static const char *const *const migrations[BERTH_STORE_SCHEMA] = {migration_0, migration_1,
+                                                                  migration_2};
 
 #define CONV_COLUMNS "n, id, caller, owner, run_id, metadata, state, status, created_ms, " \
                      "updated_ms, turns, running_turn, n_messages, last_event, lease_holder, " \
@@ -90,8 +114,8 @@ static const char *const *const migrations[BERTH_STORE_SCHEMA] = {migration_0, m
 
 enum {
   P_PUT_CONV, P_DEL_MESSAGES, P_PUT_MESSAGE, P_PUT_EVENT, P_GET_CONV, P_LIST, P_RUNNING,
-  P_MESSAGES, P_EVENTS, P_LEASE_TAKE, P_LEASE_RENEW, P_LEASE_RELEASE, P_LEASE_CLEAR,
-  P_COUNT
+  P_MESSAGES, P_EVENTS, P_FIND_MESSAGE, P_LEASE_TAKE, P_LEASE_RENEW, P_LEASE_RELEASE,
+  P_LEASE_CLEAR, P_COUNT
 };
 
 /* Leases are timed by the server's clock: the hosts' clocks may differ. */
@@ -110,8 +134,10 @@ static const char *const sql[P_COUNT] = {
   "DELETE FROM messages WHERE conv = $1",
   "INSERT INTO messages (conv, seq, body) VALUES ($1, $2, $3)"
   " ON CONFLICT (conv, seq) DO UPDATE SET body = $3",
-  "INSERT INTO events (conv, seq, turn, kind, data) VALUES ($1, $2, $3, $4, $5)"
-  " ON CONFLICT (conv, seq) DO UPDATE SET turn = $3, kind = $4, data = $5",
+  "INSERT INTO events (conv, seq, turn, kind, data, message_id)"
+  " VALUES ($1, $2, $3, $4, $5, $6)"
+  " ON CONFLICT (conv, seq) DO UPDATE SET turn = $3, kind = $4, data = $5,"
+  " message_id = $6",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE id = $1",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE caller = $1 AND n < $2"
   " ORDER BY n DESC LIMIT $3",
@@ -119,6 +145,8 @@ static const char *const sql[P_COUNT] = {
   "SELECT body FROM messages WHERE conv = $1 ORDER BY seq",
   "SELECT seq, turn, kind, data FROM events WHERE conv = $1 AND seq > $2 ORDER BY seq"
   " LIMIT $3",
+  /* (message_id = $2 implies it is not NULL: the partial index serves it) */
+  "SELECT max(seq) FROM events WHERE conv = $1 AND message_id = $2 AND seq < $3",
   /* $1 id, $2 host, $3 ttl: the row either way (taken: its holder is $2) */
   "UPDATE conversations SET"
   " lease_holder = CASE WHEN " LEASE_FREE " THEN $2 ELSE lease_holder END,"
@@ -139,7 +167,8 @@ static const char *stmt_name(int i)
                                              "berth_put_message", "berth_put_event",
                                              "berth_get_conv", "berth_list",
                                              "berth_running", "berth_messages",
-                                             "berth_events", "berth_lease_take",
+                                             "berth_events", "berth_find_message",
+                                             "berth_lease_take",
                                              "berth_lease_renew", "berth_lease_release",
                                              "berth_lease_clear"};
   return names[i];
@@ -345,8 +374,8 @@ static bool send_batch(pg *p, pgreq *q)
       case OP_PUT_EVENT: {
         snprintf(a, sizeof a, "%" PRIu64, op->seq);
         snprintf(g, sizeof g, "%" PRIu32, op->turn);
-        const char *v[5] = {op->id, a, g, op->ev_kind, op->data};
-        if (!send_prepared(p, P_PUT_EVENT, 5, v))
+        const char *v[6] = {op->id, a, g, op->ev_kind, op->data, op->message_id};
+        if (!send_prepared(p, P_PUT_EVENT, 6, v))
           return false;
         break;
       }
@@ -1031,9 +1060,28 @@ static berth_error *pg_read_events(berth_store *s, const char *id, uint64_t afte
   return NULL;
 }
 
+static berth_error *pg_find_message(berth_store *s, const char *id, const char *message_id,
+                                    uint64_t before, uint64_t *seq, bool *found)
+{
+  char b[24];
+  snprintf(b, sizeof b, "%" PRId64, before && before < (uint64_t)INT64_MAX ? (int64_t)before
+                                                                           : INT64_MAX);
+  const char *v[3] = {id, message_id, b};
+  PGresult *r;
+  berth_error *e = roundtrip(s->engine, P_FIND_MESSAGE, NULL, 3, v, &r);
+  if (e)
+    return e;
+  if (r && PQntuples(r) && !PQgetisnull(r, 0, 0)) {
+    *seq = (uint64_t)int_at(r, 0, 0);
+    *found = true;
+  }
+  PQclear(r);
+  return NULL;
+}
+
 /* }====================================================== */
 
 const berth_store_vtable berth_store_pg = {
   "postgresql", pg_open, pg_close, pg_apply, pg_get_conv, pg_list_convs,
-  pg_load_messages, pg_read_events, pg_list_running, pg_settle,
+  pg_load_messages, pg_read_events, pg_find_message, pg_list_running, pg_settle,
 };

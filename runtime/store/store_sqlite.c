@@ -4,14 +4,16 @@
  * process and of the machine.  One connection, prepared statements kept; a batch is
  * one IMMEDIATE transaction.
  *
- * Schema (version 2; the same tables the PostgreSQL engine uses):
+ * Schema (version 3; the same tables the PostgreSQL engine uses):
  *   schema_version(version)
  *   conversations(n INTEGER PRIMARY KEY — the listing order, id UNIQUE, caller, owner,
  *                 run_id, metadata, state, status, created_ms, updated_ms, turns,
  *                 running_turn, n_messages, last_event, lease_holder,
  *                 lease_expiry_ms — version 2: the lease, store.h)
  *   messages(conv, seq, body)              primary key (conv, seq)
- *   events(conv, seq, turn, kind, data)    primary key (conv, seq)
+ *   events(conv, seq, turn, kind, data, message_id — version 3: a "user" event's
+ *          message id, store.h)      primary key (conv, seq); an index on
+ *                                    (conv, message_id) where message_id is set
  * Migrations run at open inside one transaction: migrations[v] takes version v to
  * v + 1.  A file at a newer version than BERTH_STORE_SCHEMA is refused untouched.
  */
@@ -46,6 +48,15 @@ static const char *const migrations[BERTH_STORE_SCHEMA] = {
   "ALTER TABLE conversations ADD COLUMN lease_expiry_ms INTEGER NOT NULL DEFAULT 0;"
   "CREATE INDEX conversations_leased ON conversations (lease_holder)"
   "  WHERE lease_holder IS NOT NULL;",
+  /* 2 -> 3: message ids, indexed (a retry is found without reading the events).  The
+   * ids stored before are taken from their "user" events' JSON, once, so a retry of
+   * a message taken before the upgrade is still recognised. */
+  "ALTER TABLE events ADD COLUMN message_id TEXT;"
+  "UPDATE events SET message_id = json_extract(data, '$.messageId')"
+  "  WHERE kind = 'user' AND CASE WHEN json_valid(data)"
+  "    THEN json_type(data, '$.messageId') = 'text' ELSE 0 END;"
+  "CREATE INDEX events_by_message_id ON events (conv, message_id)"
+  "  WHERE message_id IS NOT NULL;",
 };
 
 #define CONV_COLUMNS "n, id, caller, owner, run_id, metadata, state, status, created_ms, " \
@@ -54,8 +65,8 @@ static const char *const migrations[BERTH_STORE_SCHEMA] = {
 
 enum {
   S_PUT_CONV, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV, S_LIST, S_RUNNING,
-  S_MESSAGES, S_EVENTS, S_BEGIN, S_COMMIT, S_ROLLBACK, S_LEASE_TAKE, S_LEASE_RENEW,
-  S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
+  S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK, S_LEASE_TAKE,
+  S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
 };
 
 #define LEASE_FREE "(lease_holder IS NULL OR lease_expiry_ms < ?3 OR lease_holder = ?2)"
@@ -70,7 +81,8 @@ static const char *const sql[S_COUNT] = {
   " WHERE turns <= ?10 AND last_event <= ?13",     /* never back (store.h) */
   "DELETE FROM messages WHERE conv = ?1",
   "INSERT OR REPLACE INTO messages (conv, seq, body) VALUES (?1, ?2, ?3)",
-  "INSERT OR REPLACE INTO events (conv, seq, turn, kind, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+  "INSERT OR REPLACE INTO events (conv, seq, turn, kind, data, message_id)"
+  " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE id = ?1",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE caller = ?1 AND n < ?2"
   " ORDER BY n DESC LIMIT ?3",
@@ -78,6 +90,8 @@ static const char *const sql[S_COUNT] = {
   "SELECT body FROM messages WHERE conv = ?1 ORDER BY seq",
   ("SELECT seq, turn, kind, data FROM events WHERE conv = ?1 AND seq > ?2 ORDER BY seq"
    " LIMIT ?3"),
+  /* (message_id = ?2 implies it is not NULL: the partial index serves it) */
+  "SELECT max(seq) FROM events WHERE conv = ?1 AND message_id = ?2 AND seq < ?3",
   "BEGIN IMMEDIATE",
   "COMMIT",
   "ROLLBACK",
@@ -322,6 +336,7 @@ static int put_event(lite *l, const store_op *op)
   sqlite3_bind_int64(q, 3, op->turn);
   bind_text(q, 4, op->ev_kind);
   bind_text(q, 5, op->data);
+  bind_text(q, 6, op->message_id);
   return run(q);
 }
 
@@ -561,9 +576,29 @@ static berth_error *lite_read_events(berth_store *s, const char *id, uint64_t af
   return NULL;
 }
 
+static berth_error *lite_find_message(berth_store *s, const char *id,
+                                      const char *message_id, uint64_t before,
+                                      uint64_t *seq, bool *found)
+{
+  lite *l = s->engine;
+  sqlite3_stmt *q = l->st[S_FIND_MESSAGE];
+  bind_text(q, 1, id);
+  bind_text(q, 2, message_id);
+  sqlite3_bind_int64(q, 3, before && before < (uint64_t)INT64_MAX ? (sqlite3_int64)before
+                                                                   : INT64_MAX);
+  int rc = sqlite3_step(q);
+  if (rc == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL) {
+    *seq = (uint64_t)sqlite3_column_int64(q, 0);
+    *found = true;
+  }
+  sqlite3_reset(q);
+  sqlite3_clear_bindings(q);
+  return rc == SQLITE_ROW ? NULL : lite_error(l, rc, "finding a message id");
+}
+
 /* }====================================================== */
 
 const berth_store_vtable berth_store_sqlite = {
   "sqlite", lite_open, lite_close, lite_apply, lite_get_conv, lite_list_convs,
-  lite_load_messages, lite_read_events, lite_list_running,
+  lite_load_messages, lite_read_events, lite_find_message, lite_list_running,
 };
