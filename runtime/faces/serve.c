@@ -37,6 +37,7 @@
 #include "connguard.h"           /* httpd/: what serve shares with sandboxd */
 #include "listen.h"
 #include "mhd_ev.h"
+#include "tokens.h"
 #include "idmap.h"               /* lib/: the one id hash table */
 
 #include <arpa/inet.h>
@@ -47,7 +48,6 @@
 #include <netdb.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <openssl/sha.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -858,20 +858,10 @@ static bool method_ok(route r, const char *method)
 /* Constant-time over every configured token; the caller's index, or -1. */
 static long authenticate(server *s, struct MHD_Connection *conn)
 {
-  const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_AUTHORIZATION);
-  if (!auth || strncasecmp(auth, "Bearer ", 7) != 0)
+  httpd_token_hash hash;
+  if (!httpd_bearer_hash(MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_AUTHORIZATION), hash))
     return -1;
-  const char *tok = auth + 7;
-  while (*tok == ' ')
-    tok++;
-  size_t len = strlen(tok);
-  while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t'))
-    len--;
-  if (!len)
-    return -1;
-  unsigned char hash[32];
-  SHA256((const unsigned char *)tok, len, hash);
   long found = -1;
   for (size_t i = 0; i < s->n_callers; i++)
     if (CRYPTO_memcmp(hash, s->callers[i].hash, sizeof hash) == 0 && !s->callers[i].revoked)
@@ -2481,15 +2471,17 @@ static size_t default_per_caller(size_t max_convs, size_t n_callers)
  * any error the callers stay as they were.  Logged by label, never by token. */
 static int load_callers(server *s, const char *path)
 {
-  char **lines;
-  int n = read_lines(path, &lines);
+  httpd_token_hash *hashes;
+  char *why = NULL;
+  int n = httpd_tokens_read(path, &hashes, &why);
   if (n < 0) {
-    slog(s, "cannot read the token file %s: %s", path, strerror(errno));
+    slog(s, "%s", why ? why : "cannot read the token file");
+    free(why);
     return -1;
   }
   if (n == 0) {
-    slog(s, "the token file %s holds no token", path);
-    free(lines);
+    slog(s, "the token file %s holds no token (one per line; # starts a comment)", path);
+    httpd_tokens_free(hashes, 0);
     return -1;
   }
   bool reload = s->callers != NULL;
@@ -2497,16 +2489,15 @@ static int load_callers(server *s, const char *path)
   bool *kept = berth_xcalloc(old + 1, sizeof *kept);
   size_t added = 0, removed = 0;
   for (int i = 0; i < n; i++) {
-    unsigned char hash[32];
-    SHA256((const unsigned char *)lines[i], strlen(lines[i]), hash);
+    const unsigned char *hash = hashes[i];
     size_t k = 0;
-    while (k < s->n_callers && memcmp(hash, s->callers[k].hash, sizeof hash))
+    while (k < s->n_callers && memcmp(hash, s->callers[k].hash, sizeof s->callers[k].hash))
       k++;
     if (k == s->n_callers) {
       s->callers = berth_xrealloc(s->callers, (s->n_callers + 1) * sizeof *s->callers);
       caller *cl = &s->callers[s->n_callers++];
       memset(cl, 0, sizeof *cl);
-      memcpy(cl->hash, hash, sizeof hash);
+      memcpy(cl->hash, hash, sizeof cl->hash);
       cl->label[0] = 'k';
       plm_hex_encode(cl->hash, 4, cl->label + 1);
       plm_hex_encode(cl->hash, 32, cl->digest);
@@ -2522,7 +2513,6 @@ static int load_callers(server *s, const char *path)
       if (k < old)
         kept[k] = true;
     }
-    OPENSSL_cleanse(hash, sizeof hash);
   }
   for (size_t k = 0; reload && k < old; k++)
     if (!kept[k] && !s->callers[k].revoked) {
@@ -2532,7 +2522,7 @@ static int load_callers(server *s, const char *path)
       removed++;
     }
   free(kept);
-  free_lines(lines, n);
+  httpd_tokens_free(hashes, (size_t)n);
   if (reload)
     slog(s, "token file %s read again: %zu caller%s added, %zu removed", path, added,
          added == 1 ? "" : "s", removed);
