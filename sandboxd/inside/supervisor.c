@@ -959,7 +959,7 @@ static uint32_t sweep(bool *clean)
             free(desc);
             return killed;
         }
-        size_t strays = 0;
+        size_t strays = 0, ours = 0;
         for (size_t i = 0; i < n; i++) {
             if (v[i] == self)
                 continue;
@@ -990,8 +990,14 @@ static uint32_t sweep(bool *clean)
                 continue;
             if (pid1 && !proc_stat(v[i], &ppid[i], &state[i]))
                 continue; /* gone meanwhile */
-            if (state[i] == 'Z' || state[i] == 'X')
-                continue; /* dead, not yet reaped by its parent */
+            if (state[i] == 'Z' || state[i] == 'X') {
+                /* Dead, not yet reaped by its parent.  When that is us (a killed
+                 * interpreter, or what it started, handed to PID 1), it is reaped before
+                 * the verdict (the next round's reap): a zombie still answers kill(pid,
+                 * 0), so what runs next (a project's step) would take it for alive. */
+                ours += ppid[i] == self;
+                continue;
+            }
             strays++;
             if (kill(v[i], SIGKILL) == 0)
                 killed++;
@@ -1000,7 +1006,10 @@ static uint32_t sweep(bool *clean)
         free(ppid);
         free(state);
         free(desc);
-        if (strays == 0) {
+        /* Our zombies wait for their last threads (a killed node's) to exit before
+         * they can be reaped: look again shortly while rounds remain; dead, they never
+         * make a sweep unclean. */
+        if (strays == 0 && (ours == 0 || round == SWEEP_ROUNDS - 1)) {
             *clean = true;
             return killed;
         }
