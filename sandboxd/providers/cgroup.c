@@ -30,15 +30,25 @@ const char *sbx_cgroup_daemon_tag(void)
 }
 
 
+/* A limit's write may be interrupted: setting memory.limit_in_bytes reclaims first, and
+ * the kernel gives up with EINTR when a signal is pending (a child's SIGCHLD, here).
+ * The write changed nothing then, so it is made again. */
+#define WRITE_TRIES 20
+
 static int write_file(const char *dir, const char *file, const char *value)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd;
+    do
+        fd = open(path, O_WRONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
     if (fd < 0)
         return errno;
     size_t len = strlen(value);
-    ssize_t n = write(fd, value, len);
+    ssize_t n = -1;
+    for (int i = 0; i < WRITE_TRIES && (n = write(fd, value, len)) < 0 && errno == EINTR; i++)
+        ;
     int e = n == (ssize_t)len ? 0 : (n < 0 ? errno : EIO);
     if (close(fd) != 0 && !e)
         e = errno;
