@@ -23,6 +23,7 @@
 #include <ev.h>
 #include <libpq-fe.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include "pgtest.h"
 #include "store/store.h"
@@ -542,6 +543,74 @@ static void test_a_record_never_goes_back(void **state)
   close_second(f, other, loop2);
 }
 
+/* A record queued after another of the same conversation, with no barrier between,
+ * replaces it in the queue (store.h): the first is never written, the events between
+ * are.  A sync and a lease operation are barriers: the record before one is written
+ * (a lease take reads the row as it leaves it). */
+static void test_a_newer_queued_record_supersedes_an_older_one(void **state)
+{
+  fixture *f = *state;
+  berth_store_stats s0, s1;
+  berth_store_get_stats(f->s, &s0);
+  berth_store_conv r = record("S1", "k1");
+  r.turns = 1;
+  r.state = (char *)"{\"v\":1}";
+  berth_store_put_conv(f->s, &r);
+  berth_store_put_event(f->s, "S1", 1, 1, "user", "{}");
+  r.turns = 2;
+  r.last_event = 1;
+  r.state = (char *)"{\"v\":2}";
+  berth_store_put_conv(f->s, &r);
+  berth_store_conv other = record("S2", "k1");  /* another conversation: not touched */
+  berth_store_put_conv(f->s, &other);
+  berth_store_get_stats(f->s, &s1);
+  assert_int_equal(s1.superseded - s0.superseded, 1);
+  no_error(berth_store_flush(f->s));
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "S1", &got, &found));
+  assert_true(found);
+  assert_int_equal(got.turns, 2);
+  assert_string_equal(got.state, "{\"v\":2}");
+  berth_store_conv_clear(&got);
+  no_error(berth_store_get_conv(f->s, "S2", &got, &found));
+  assert_true(found);
+  berth_store_conv_clear(&got);
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "S1", 0, 0, &ev, &n));
+  assert_int_equal(n, 1);
+  berth_store_events_free(ev, n);
+
+  /* a sync between: both written, in order */
+  r.turns = 3;
+  berth_store_put_conv(f->s, &r);
+  berth_store_sync(f->s, NULL, NULL);
+  r.turns = 4;
+  berth_store_put_conv(f->s, &r);
+  berth_store_get_stats(f->s, &s0);
+  assert_int_equal(s0.superseded, s1.superseded);
+  no_error(berth_store_flush(f->s));
+
+  /* a lease take between: it answers with the row the first record left */
+  r.turns = 5;
+  berth_store_put_conv(f->s, &r);
+  lease_seen w = {.loop = f->loop};
+  berth_store_lease_take(f->s, "S1", "host-a", 60000, on_lease, &w);
+  r.turns = 6;
+  berth_store_put_conv(f->s, &r);
+  berth_store_get_stats(f->s, &s0);
+  assert_int_equal(s0.superseded, s1.superseded);
+  run_until(f->loop, &w.calls, 1);
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  assert_true(w.lease.taken);
+  assert_int_equal(w.lease.turns, 5);
+  no_error(berth_store_get_conv(f->s, "S1", &got, &found));
+  assert_int_equal(got.turns, 6);
+  berth_store_conv_clear(&got);
+}
+
 /* A lease its holder stopped renewing is taken over once it expired, and the former
  * holder then cannot take it back. */
 static void test_lease_expired_is_taken_over(void **state)
@@ -868,6 +937,117 @@ static void test_sqlite_keeps_everything_across_reopening(void **state)
   berth_store_texts_free(v, n);
 }
 
+static off_t file_size(const char *path)
+{
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+static void on_poll(struct ev_loop *loop, ev_timer *t, int revents)
+{
+  (void)revents;
+  ev_break(loop, EVBREAK_ONE);
+  (void)t;
+}
+
+/* Checkpoints are made off the loop's thread (sqlite_checkpoint.h): once the WAL
+ * crossed its threshold, its pages reach the database file while the store stays
+ * open and the loop does nothing but wait; the WAL stays bounded however much is
+ * written. */
+static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state)
+{
+  fixture *f = *state;
+  char wal[160];
+  snprintf(wal, sizeof wal, "%s-wal", f->path);
+  off_t db0 = file_size(f->path);
+  char *big = malloc(3001);
+  memset(big, 'x', 3000);
+  big[0] = '"';
+  big[2999] = '"';
+  big[3000] = 0;
+  uint64_t seq = 0;
+  for (int flush = 0; flush < 4; flush++) {  /* ~1 600 pages: past the threshold once */
+    for (int i = 0; i < 400; i++) {
+      char id[16];
+      snprintf(id, sizeof id, "w%d", i % 50);
+      berth_store_put_event(f->s, id, ++seq, 1, "delta", big);
+    }
+    no_error(berth_store_flush(f->s));
+  }
+  /* the thread copies the pages: polled for up to 15 s, the loop otherwise idle */
+  ev_timer poll;
+  ev_timer_init(&poll, on_poll, 0.02, 0.02);
+  ev_timer_start(f->loop, &poll);
+  double until = ev_now(f->loop) + 15;
+  berth_store_stats st;
+  berth_store_get_stats(f->s, &st);
+  while (st.checkpoints < 1 && ev_now(f->loop) < until) {
+    ev_run(f->loop, EVRUN_ONCE);
+    berth_store_get_stats(f->s, &st);
+  }
+  ev_timer_stop(f->loop, &poll);
+  assert_true(st.checkpoints >= 1);             /* by the thread, not in a commit */
+  assert_true(file_size(f->path) >= db0 + 4 * 1024 * 1024);
+
+  /* much more, without pause: the WAL stays under its bound (pages of 4 KiB + 24) */
+  for (int flush = 0; flush < 60; flush++) {
+    for (int i = 0; i < 400; i++) {
+      char id[16];
+      snprintf(id, sizeof id, "w%d", i % 50);
+      berth_store_put_event(f->s, id, ++seq, 1, "delta", big);
+    }
+    no_error(berth_store_flush(f->s));
+  }
+  free(big);
+  off_t wal_size = file_size(wal);
+  assert_true(wal_size > 0);
+  assert_true(wal_size <= (off_t)(8000 + 2000) * (4096 + 24) + 32);
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "w7", 0, 0, &ev, &n));
+  assert_int_equal(n, 64 * 8);
+  berth_store_events_free(ev, n);
+}
+
+/* A flush applies operations for BERTH_STORE_FLUSH_BUDGET, commits them and leaves the
+ * rest for the next loop iteration (store.h): a sync queued behind them is answered
+ * once they are all committed, none lost, none twice. */
+static void test_sqlite_flush_stops_at_its_budget_and_leaves_the_rest(void **state)
+{
+  fixture *f = *state;
+  size_t len = 16 * 1024;
+  char *big = malloc(len + 1);
+  memset(big, 'y', len);
+  big[0] = '"';
+  big[len - 1] = '"';
+  big[len] = 0;
+  for (uint64_t seq = 1; seq <= 4000; seq++)       /* one batch, far past the budget */
+    berth_store_put_event(f->s, seq % 2 ? "odd" : "even", seq, 1, "delta", big);
+  free(big);
+  sync_seen w = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &w);
+  berth_store_stats st;
+  berth_store_get_stats(f->s, &st);
+  uint64_t flushes = st.flushes;
+  run_until(f->loop, &w.calls, 1);
+  assert_int_equal(w.calls, 1);
+  assert_false(w.had_error);
+  berth_store_get_stats(f->s, &st);
+  assert_true(st.returned > 0);
+  assert_true(st.flushes - flushes >= 2);
+  assert_int_equal(st.queued, 0);
+  const char *ids[] = {"odd", "even"};
+  for (int i = 0; i < 2; i++) {
+    berth_store_event *ev;
+    size_t n;
+    no_error(berth_store_read_events(f->s, ids[i], 0, 0, &ev, &n));
+    assert_int_equal(n, 2000);
+    for (size_t k = 0; k < n; k++)
+      assert_int_equal(ev[k].seq, 2 * k + (i == 0 ? 1 : 2));
+    berth_store_events_free(ev, n);
+  }
+}
+
 static void test_sqlite_newer_schema_is_refused_untouched(void **state)
 {
   fixture *f = *state;
@@ -974,9 +1154,63 @@ static void test_sqlite_version_2_is_migrated_to_3(void **state)
   sql_on_file(f->path, downgrade_to_2);
   assert_int_equal(version_on_file(f->path), 2);
   no_error(berth_store_open(f->loop, f->url, &f->s));
-  assert_int_equal(version_on_file(f->path), 3);
+  assert_int_equal(version_on_file(f->path), BERTH_STORE_SCHEMA);
   check_index_on_file(f->path);
   check_migrated(f);
+}
+
+/* Version 3 as it was: messages and events WITHOUT ROWID. */
+static const char downgrade_to_3[] =
+  "DROP TABLE messages; DROP TABLE events;"
+  "CREATE TABLE messages (conv TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,"
+  "  PRIMARY KEY (conv, seq)) WITHOUT ROWID;"
+  "CREATE TABLE events (conv TEXT NOT NULL, seq INTEGER NOT NULL, turn INTEGER NOT NULL,"
+  "  kind TEXT NOT NULL, data TEXT NOT NULL, message_id TEXT,"
+  "  PRIMARY KEY (conv, seq)) WITHOUT ROWID;"
+  "CREATE INDEX events_by_message_id ON events (conv, message_id)"
+  "  WHERE message_id IS NOT NULL;"
+  "UPDATE schema_version SET version = 3;"
+  OLD_CONVERSATION
+  "UPDATE events SET message_id = 'm-old' WHERE conv = 'old' AND seq = 27;"
+  "INSERT INTO messages (conv, seq, body) VALUES ('old', 0, '{\"role\":\"user\"}'),"
+  " ('old', 1, '{\"role\":\"assistant\"}');";
+
+/* How many of the file's tables are WITHOUT ROWID. */
+static int without_rowid_tables(const char *path)
+{
+  sqlite3 *db;
+  sqlite3_stmt *q;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE"
+                                          " type = 'table' AND sql LIKE '%WITHOUT ROWID%'",
+                                      -1, &q, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+  int n = sqlite3_column_int(q, 0);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  return n;
+}
+
+/* 3 -> 4 rebuilds messages and events as rowid tables, every row and id kept. */
+static void test_sqlite_version_3_is_migrated_to_4(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  sql_on_file(f->path, downgrade_to_3);
+  assert_int_equal(version_on_file(f->path), 3);
+  assert_int_equal(without_rowid_tables(f->path), 2);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_on_file(f->path), 4);
+  assert_int_equal(without_rowid_tables(f->path), 0);
+  check_index_on_file(f->path);
+  check_migrated(f);
+  char **m;
+  size_t n;
+  no_error(berth_store_load_messages(f->s, "old", &m, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(m[1], "{\"role\":\"assistant\"}");
+  berth_store_texts_free(m, n);
 }
 
 /* {====================================================== PostgreSQL */
@@ -1032,7 +1266,7 @@ static void check_index_in_db(const char *url)
   assert_int_equal(PQstatus(c), CONNECTION_OK);
   PGresult *r = PQexec(c, "SELECT count(*) FROM pg_indexes WHERE schemaname ="
                           " current_schema() AND indexname = 'events_by_message_id'"
-                          " AND indexdef LIKE '%(conv, message_id) WHERE%NOT NULL%'");
+                          " AND indexdef LIKE '%(conv, message_id, seq) WHERE%NOT NULL%'");
   assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
   assert_string_equal(PQgetvalue(r, 0, 0), "1");
   PQclear(r);
@@ -1064,7 +1298,27 @@ static void test_pg_version_2_is_migrated_to_3(void **state)
   assert_int_equal(pgtest_sql(f->url, downgrade_to_2), 0);
   assert_int_equal(version_in_db(f->url), 2);
   no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_in_db(f->url), BERTH_STORE_SCHEMA);
+  check_index_in_db(f->url);
+  check_migrated(f);
+}
+
+/* 3 -> 4 in PostgreSQL: the message id index holds seq too. */
+static void test_pg_version_3_is_migrated_to_4(void **state)
+{
+  fixture *f = *state;
+  berth_store_free(f->s);
+  f->s = NULL;
+  assert_int_equal(pgtest_sql(f->url, "DROP INDEX events_by_message_id;"
+                                      "CREATE INDEX events_by_message_id ON events"
+                                      " (conv, message_id) WHERE message_id IS NOT NULL;"
+                                      "UPDATE schema_version SET version = 3;"
+                                      OLD_CONVERSATION
+                                      "UPDATE events SET message_id = 'm-old'"
+                                      " WHERE conv = 'old' AND seq = 27;"), 0);
   assert_int_equal(version_in_db(f->url), 3);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  assert_int_equal(version_in_db(f->url), 4);
   check_index_in_db(f->url);
   check_migrated(f);
 }
@@ -1354,6 +1608,7 @@ int main(void)
     BOTH(test_one_flush_per_iteration_and_sync_after_commit),
     BOTH(test_lease_two_hosts_never_both_hold_one),
     BOTH(test_a_record_never_goes_back),
+    BOTH(test_a_newer_queued_record_supersedes_an_older_one),
     BOTH(test_lease_expired_is_taken_over),
     BOTH(test_lease_renew_extends_the_hosts_leases),
     BOTH(test_lease_release_frees_it),
@@ -1361,7 +1616,10 @@ int main(void)
     BOTH(test_find_message_by_id),
     LITE(test_sqlite_version_1_is_migrated_to_2),
     LITE(test_sqlite_version_2_is_migrated_to_3),
+    LITE(test_sqlite_version_3_is_migrated_to_4),
     LITE(test_sqlite_keeps_everything_across_reopening),
+    LITE(test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal),
+    LITE(test_sqlite_flush_stops_at_its_budget_and_leaves_the_rest),
     LITE(test_sqlite_newer_schema_is_refused_untouched),
     LITE(test_sqlite_corrupt_or_foreign_file_is_refused),
     cmocka_unit_test(test_bad_urls_are_refused),
@@ -1377,6 +1635,7 @@ int main(void)
     PG(test_one_flush_per_iteration_and_sync_after_commit),
     PG(test_lease_two_hosts_never_both_hold_one),
     PG(test_a_record_never_goes_back),
+    PG(test_a_newer_queued_record_supersedes_an_older_one),
     PG(test_lease_expired_is_taken_over),
     PG(test_lease_renew_extends_the_hosts_leases),
     PG(test_lease_release_frees_it),
@@ -1384,6 +1643,7 @@ int main(void)
     PG(test_find_message_by_id),
     PG(test_pg_version_1_is_migrated_to_2),
     PG(test_pg_version_2_is_migrated_to_3),
+    PG(test_pg_version_3_is_migrated_to_4),
     PG(test_pg_newer_schema_is_refused_untouched),
     PG(test_pg_foreign_database_is_refused),
     PG(test_pg_unreachable_is_unavailable_and_hides_the_password),

@@ -150,12 +150,55 @@ static void enqueue(berth_store *s, store_op *op)
   s->queued++;
 }
 
+/* A put_conv leaves s->latest (it is taken for a transaction, or superseded). */
+static void latest_remove(berth_store *s, store_op *op)
+{
+  if (!op->latest)
+    return;
+  plm_idmap_remove(&s->latest, &op->node);
+  op->latest = false;
+}
+
+/* Nothing queued so far is superseded by what comes next: an operation whose effect
+ * depends on the record as the queue leaves it (a sync, that makes it durable; a lease
+ * operation, that reads or conditions on the row) is a barrier.  The map's nodes are
+ * left in place and no longer match: `barrier` is compared. */
+static void latest_barrier(berth_store *s) { s->barrier++; }
+
+/* A record replaces the conversation's whole record, so a later one queued since the
+ * last barrier makes an earlier one useless: the earlier one, still queued, takes the
+ * later one's fields in its place, and nothing more is queued.  (A turn writes its
+ * record three times — the message, the turn's start, its end — and a busy loop
+ * iteration holds several of them.)  In the earlier place, because a conversation's
+ * first record is what gives it its place in the listing order.  The record may then
+ * be applied ahead of events queued after it, in the same transaction or (past a
+ * flush's bound) the one before theirs: it never claims less than was written. */
 void berth_store_put_conv(berth_store *s, const berth_store_conv *r)
 {
+  plm_idmap_node *n = r->id ? plm_idmap_get(&s->latest, r->id) : NULL;
+  if (n) {
+    store_op *old = PLM_IDMAP_OWNER(n, store_op, node);
+    if (old->barrier == s->barrier) {
+      char *id = old->conv.id;  /* the map's key: kept */
+      old->conv.id = NULL;
+      berth_store_conv_clear(&old->conv);
+      berth_store_conv_copy(&old->conv, r);
+      free(old->conv.id);
+      old->conv.id = id;
+      s->st.superseded++;
+      return;
+    }
+    latest_remove(s, old);
+  }
   store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_CONV;
   berth_store_conv_copy(&op->conv, r);
   enqueue(s, op);
+  if (!op->conv.id)
+    return;
+  op->node.key = op->conv.id;
+  op->barrier = s->barrier;
+  op->latest = plm_idmap_put(&s->latest, &op->node);
 }
 
 void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
@@ -207,6 +250,7 @@ void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud)
   op->done = done;
   op->ud = ud;
   enqueue(s, op);
+  latest_barrier(s);
   if (done && W(s) && s->syncs_waiting++ == 0)
     ev_ref(s->loop);            /* someone waits: the loop runs until it is answered */
 }
@@ -224,13 +268,19 @@ static store_op *lease_op(store_op_kind kind, const char *id, const char *host,
   return op;
 }
 
+static void enqueue_lease(berth_store *s, store_op *op)
+{
+  enqueue(s, op);
+  latest_barrier(s);
+}
+
 void berth_store_lease_take(berth_store *s, const char *id, const char *host,
                             int64_t ttl_ms, berth_store_lease_fn done, void *ud)
 {
   store_op *op = lease_op(OP_LEASE_TAKE, id, host, ttl_ms);
   op->lease_done = done;
   op->ud = ud;
-  enqueue(s, op);
+  enqueue_lease(s, op);
 }
 
 void berth_store_lease_renew(berth_store *s, const char *host, int64_t ttl_ms,
@@ -239,17 +289,17 @@ void berth_store_lease_renew(berth_store *s, const char *host, int64_t ttl_ms,
   store_op *op = lease_op(OP_LEASE_RENEW, NULL, host, ttl_ms);
   op->done = done;
   op->ud = ud;
-  enqueue(s, op);
+  enqueue_lease(s, op);
 }
 
 void berth_store_lease_release(berth_store *s, const char *id, const char *host)
 {
-  enqueue(s, lease_op(OP_LEASE_RELEASE, id, host, 0));
+  enqueue_lease(s, lease_op(OP_LEASE_RELEASE, id, host, 0));
 }
 
 void berth_store_lease_clear_all(berth_store *s)
 {
-  enqueue(s, lease_op(OP_LEASE_CLEAR, NULL, NULL, 0));
+  enqueue_lease(s, lease_op(OP_LEASE_CLEAR, NULL, NULL, 0));
 }
 
 /* An op answered through a callback rather than applied again after a failure. */
@@ -291,6 +341,27 @@ static void requeue_writes(berth_store *s, berth_store_batch *b)
   s->head = first;
   s->queued += n;
   b->n -= n;
+}
+
+void berth_store_batch_return(berth_store_batch *b, store_op *after)
+{
+  berth_store *s = b->s;
+  store_op *first = after->next, *last = first;
+  if (!first)
+    return;
+  size_t n = 1;
+  while (last->next) {
+    last = last->next;
+    n++;
+  }
+  after->next = NULL;
+  last->next = s->head;
+  if (!s->head)
+    s->tail = last;
+  s->head = first;
+  s->queued += n;
+  b->n -= n;
+  s->st.returned += n;
 }
 
 void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
@@ -338,7 +409,8 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   free(b);
 }
 
-/* Applies up to BERTH_STORE_BATCH_MAX queued operations in one transaction.  The
+/* Applies up to BERTH_STORE_BATCH_MAX queued operations in one transaction (the
+ * engine may apply fewer: berth_store_batch_return).  The
  * error of that transaction, or NULL. */
 static berth_error *flush_once(berth_store *s)
 {
@@ -349,8 +421,10 @@ static berth_error *flush_once(berth_store *s)
   b->ops = s->head;
   store_op *last = s->head;
   b->n = 1;
+  latest_remove(s, last);
   while (last->next && b->n < BERTH_STORE_BATCH_MAX) {
     last = last->next;
+    latest_remove(s, last);
     b->n++;
   }
   s->head = last->next;
@@ -359,7 +433,7 @@ static berth_error *flush_once(berth_store *s)
   last->next = NULL;
   s->queued -= b->n;
   /* The engine reports through batch_done, which keeps a copy of its error. */
-  uint64_t failures = s->st.failures;
+  uint64_t failures = s->st.failures, returned = s->st.returned;
   size_t n = b->n;
   double t0 = berth_clock();
   s->flushing = true;
@@ -367,7 +441,7 @@ static berth_error *flush_once(berth_store *s)
   s->flushing = false;
   double took = berth_clock() - t0;
   s->st.flushes++;
-  s->st.ops += n;
+  s->st.ops += n - (size_t)(s->st.returned - returned);
   s->st.flush_seconds_sum += took;
   if (took > s->st.flush_seconds_max)
     s->st.flush_seconds_max = took;
@@ -502,6 +576,7 @@ berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store
   s->vt = vt;
   s->loop = loop;
   s->url = berth_xstrdup(url);
+  plm_idmap_init(&s->latest);
   berth_error *e = vt->open(s, where);
   if (e) {
     free(s->url);
@@ -565,6 +640,7 @@ void berth_store_free(berth_store *s)
     s->head = op->next;
     op_free(op);
   }
+  plm_idmap_free(&s->latest);
   berth_error_free(s->last_err);
   free(s->url);
   free(s);
@@ -576,6 +652,8 @@ void berth_store_get_stats(const berth_store *s, berth_store_stats *out)
 {
   *out = s->st;
   out->queued = s->queued;
+  if (s->vt->stats)
+    s->vt->stats(s, out);
 }
 
 bool berth_store_failing(const berth_store *s) { return s->failing; }

@@ -6,6 +6,7 @@
 #ifndef BERTH_STORE_ENGINE_H
 #define BERTH_STORE_ENGINE_H
 
+#include "idmap.h"
 #include "store.h"
 
 #include <string.h>
@@ -37,6 +38,9 @@ typedef struct store_op {
   int64_t ttl_ms;
   berth_store_lease_fn lease_done;   /* OP_LEASE_TAKE: with `lease`, set by the engine */
   berth_store_lease lease;
+  plm_idmap_node node;           /* OP_PUT_CONV in berth_store.latest, keyed by conv.id */
+  bool latest;                   /*   (while it is there) */
+  uint64_t barrier;              /*   the store's barrier count when it was queued */
 } store_op;
 
 /* The operations of one transaction, in the order they were queued. */
@@ -71,6 +75,8 @@ typedef struct berth_store_vtable {
    * ended, so that berth_store_flush returns with them answered.  NULL: apply ends
    * before returning. */
   void (*settle)(berth_store *s);
+  /* The engine's own figures into *out (the generic ones are set). NULL: none. */
+  void (*stats)(const berth_store *s, berth_store_stats *out);
 } berth_store_vtable;
 
 struct berth_store {
@@ -80,6 +86,11 @@ struct berth_store {
   char *url;
   store_op *head, *tail;         /* queued */
   size_t queued;
+  /* The last put_conv queued per conversation and not yet taken by a flush, with the
+   * barrier count at its queueing (a sync, a lease operation): a newer one since that
+   * barrier takes its place (store.c). */
+  plm_idmap latest;
+  uint64_t barrier;
   bool flushing;
   void *prepare, *idle;          /* ev_prepare, ev_idle (kept opaque here) */
   uint64_t next_order;           /* engines that number records themselves may use it */
@@ -102,6 +113,11 @@ static inline bool berth_lease_free_for(const char *holder, int64_t expiry_ms,
 {
   return !holder || !*holder || expiry_ms < now_ms || !strcmp(holder, host);
 }
+
+/* Within an apply, before its commit: the batch's operations after `after` are not
+ * applied now but go back to the head of the queue, in order, for the next flush (an
+ * engine that reached BERTH_STORE_FLUSH_BUDGET).  Their syncs are answered then. */
+void berth_store_batch_return(berth_store_batch *b, store_op *after);
 
 /* The end of an apply: err NULL (committed) or the reason (borrowed).  Runs the sync
  * callbacks of the batch and frees it. */

@@ -105,8 +105,18 @@ static const char *const migration_2[] = {
   NULL,
 };
 
+/* 3 -> 4: the message id index holds seq too (the lookup reads it alone).  SQLite's
+ * messages and events also became rowid tables (rows in arrival order, the key an
+ * index beside them): what PostgreSQL's heap tables were from the start. */
+static const char *const migration_3[] = {
+  "DROP INDEX events_by_message_id",
+  "CREATE INDEX events_by_message_id ON events (conv, message_id, seq)"
+  "  WHERE message_id IS NOT NULL",
+  NULL,
+};
+
 static const char *const *const migrations[BERTH_STORE_SCHEMA] = {migration_0, migration_1,
-                                                                  migration_2};
+                                                                  migration_2, migration_3};
 
 #define CONV_COLUMNS "n, id, caller, owner, run_id, metadata, state, status, created_ms, " \
                      "updated_ms, turns, running_turn, n_messages, last_event, lease_holder, " \

@@ -1,0 +1,121 @@
+/*
+ * sqlite_checkpoint.c — checkpoints of the store's WAL on a thread of their own
+ * (sqlite_checkpoint.h says why).
+ */
+#include "sqlite_checkpoint.h"
+#include "xalloc.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct lite_ckpt {
+  sqlite3 *db;                   /* the thread's own connection */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool wanted, stop, busy;       /* under mu */
+  uint64_t made, failed;         /* under mu */
+};
+
+static void *checkpointer(void *arg)
+{
+  lite_ckpt *c = arg;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->wanted && !c->stop)
+      pthread_cond_wait(&c->cv, &c->mu);
+    if (c->stop)
+      break;
+    c->wanted = false;
+    c->busy = true;
+    pthread_mutex_unlock(&c->mu);
+    int log = 0, copied = 0;
+    int rc = sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &copied);
+    pthread_mutex_lock(&c->mu);
+    c->busy = false;
+    if (rc == SQLITE_OK)
+      c->made++;
+    else if (c->failed++ == 0)  /* once: the next ones say nothing new */
+      fprintf(stderr, "berth: store: a checkpoint of the WAL failed (%s); it is tried "
+                      "again as the WAL grows\n", sqlite3_errstr(rc));
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+/* After each commit of the store's connection: wakes the thread once the WAL holds
+ * enough pages (and it is not already at work).  A WAL starts again from its
+ * beginning only when a write begins with every page of it copied: a thread copying
+ * while the loop writes without pause may never see that, so past LITE_CKPT_MOST the
+ * loop copies what is left itself, as SQLite's automatic checkpoint would have. */
+static int on_wal(void *ud, sqlite3 *db, const char *schema, int frames)
+{
+  lite_ckpt *c = ud;
+  if (frames < LITE_CKPT_FRAMES)
+    return SQLITE_OK;
+  if (frames >= LITE_CKPT_MOST) {
+    sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    return SQLITE_OK;
+  }
+  pthread_mutex_lock(&c->mu);
+  if (!c->busy && !c->wanted) {
+    c->wanted = true;
+    pthread_cond_signal(&c->cv);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return SQLITE_OK;
+}
+
+lite_ckpt *lite_ckpt_start(sqlite3 *db, const char *path)
+{
+  lite_ckpt *c = berth_xcalloc(1, sizeof *c);
+  /* A connection knows the file is in WAL mode once it read it: until then its
+   * checkpoints do nothing. */
+  if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
+      SQLITE_OK ||
+      sqlite3_exec(c->db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL) !=
+      SQLITE_OK) {
+    sqlite3_close(c->db);
+    free(c);
+    return NULL;
+  }
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  if (pthread_create(&c->thread, NULL, checkpointer, c) != 0) {
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    sqlite3_close(c->db);
+    free(c);
+    return NULL;
+  }
+  sqlite3_wal_hook(db, on_wal, c);   /* (replaces the automatic checkpoint's hook) */
+  return c;
+}
+
+void lite_ckpt_stop(lite_ckpt *c, sqlite3 *db)
+{
+  if (!c)
+    return;
+  sqlite3_wal_hook(db, NULL, NULL);
+  pthread_mutex_lock(&c->mu);
+  c->stop = true;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  sqlite3_close(c->db);
+  free(c);
+}
+
+uint64_t lite_ckpt_made(lite_ckpt *c)
+{
+  if (!c)
+    return 0;
+  pthread_mutex_lock(&c->mu);
+  uint64_t made = c->made;
+  pthread_mutex_unlock(&c->mu);
+  return made;
+}

@@ -1,0 +1,45 @@
+/*
+ * sqlite_checkpoint.h — the SQLite engine's checkpoints, made off the loop's thread.
+ *
+ * In WAL mode every commit appends pages to the -wal file, and a checkpoint copies
+ * them back into the database (and syncs it).  SQLite's automatic checkpoint runs
+ * inside the commit that crossed its threshold, so one flush of the store, and the
+ * loop with it, would wait for a checkpoint of the whole WAL.  Instead the store's
+ * connection has automatic checkpoints off, and its WAL hook wakes a thread of this
+ * module, which checkpoints PASSIVE on a connection of its own: it copies what no
+ * reader needs, never waits for the writer, and the writer never waits for it.  Once
+ * everything is copied, SQLite starts the WAL from its beginning at the next write,
+ * so the file stays near the threshold's size (at most LITE_CKPT_MOST pages and one
+ * commit's).
+ *
+ * Threads: lite_ckpt_start and lite_ckpt_stop from the thread that owns `db`; the
+ * WAL hook runs there too (inside its commits).  The checkpoint thread touches only
+ * its own connection and this module's state, under its mutex.
+ * Errors: a checkpoint that fails (a full disk) is tried again at the next wake-up;
+ * the WAL grows meanwhile and nothing is lost.  lite_ckpt_start fails only when the
+ * file cannot be opened a second time or no thread can be made: the caller then
+ * keeps SQLite's automatic checkpoints.
+ */
+#ifndef BERTH_SQLITE_CHECKPOINT_H
+#define BERTH_SQLITE_CHECKPOINT_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+/* WAL pages past which a checkpoint is started (SQLite's own default threshold), and
+ * past which the loop's thread makes it itself (sqlite_checkpoint.c says when). */
+#define LITE_CKPT_FRAMES 1000
+#define LITE_CKPT_MOST 8000
+
+typedef struct lite_ckpt lite_ckpt;
+
+/* Turns `db`'s automatic checkpoints off and starts the thread for the file `path`.
+ * NULL when it could not (`db` unchanged: automatic checkpoints stay on). */
+lite_ckpt *lite_ckpt_start(sqlite3 *db, const char *path);
+/* Stops and joins the thread and closes its connection; `db`'s WAL hook is removed.
+ * NULL is ignored. */
+void lite_ckpt_stop(lite_ckpt *c, sqlite3 *db);
+/* The checkpoints the thread made so far (0 for NULL). */
+uint64_t lite_ckpt_made(lite_ckpt *c);
+
+#endif
