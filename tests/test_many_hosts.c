@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -602,6 +603,119 @@ static void test_postgresql_stopped_mid_run_refuses_then_resumes(void **state)
   assert_int_equal(k.ended, W.total);      /* every turn's end reached the store */
 }
 
+/* {====================================================== one conversation, two hosts */
+
+/* Hooks whose onSuspend and onComplete say in the log that they ran, and where. */
+static const char hooks_lua[] =
+  "local M = {}\n"
+  "function M.onTurn(ctx) ctx:say('ok') end\n"
+  "function M.onSuspend(ctx) log.info('onSuspend ran for ' .. ctx.runId) end\n"
+  "function M.onComplete(ctx) log.info('onComplete ran for ' .. ctx.runId) end\n"
+  "return M\n";
+
+static bool log_has(const st_server *h, const char *what)
+{
+  char *log = st_read_log(h);
+  bool has = log && strstr(log, what);
+  free(log);
+  return has;
+}
+
+/* Polls (every 50 ms, up to `seconds`) until host h's log says `what`. */
+static bool wait_log(const st_server *h, const char *what, double seconds)
+{
+  double until = st_now() + seconds;
+  while (!log_has(h, what)) {
+    if (st_now() > until)
+      return false;
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+  return true;
+}
+
+static void message_on(const st_server *h, const char *id, const char *text)
+{
+  char body[128], *out = NULL;
+  snprintf(body, sizeof body, "{\"content\":\"%s\"}", text);
+  long status = st_call("POST", st_url(h, "/v1/conversations/%s/messages", id),
+                        h->token[0], body, &out);
+  assert_int_equal(status, 200);
+  assert_non_null(strstr(out, "turn_end"));
+  free(out);
+}
+
+/* A conversation another host ran turns of since: when this host's idle timeout comes,
+ * its copy is dropped, never suspended (onSuspend runs on the latest copy only, on the
+ * host that ran it last); a DELETE on the stale host completes the latest copy. */
+static void test_a_stale_copy_is_dropped_at_its_idle_timeout_not_suspended(void **state)
+{
+  (void)state;
+  char hooks[128];
+  snprintf(hooks, sizeof hooks, "%s/hooks.lua", W.dir);
+  FILE *f = fopen(hooks, "w");
+  assert_non_null(f);
+  fputs(hooks_lua, f);
+  fclose(f);
+  /* A's idle timeout comes after B ran a turn (checked below), B's soon after that */
+  const char *extra_a[] = {"--store", W.url, "--lease-ms", "2000", "--hooks", hooks,
+                           "--daemon", sbx.url, "--token-file-daemon", sbx.token_file,
+                           "--idle-timeout", "4", "--verbose", NULL};
+  const char *extra_b[] = {"--store", W.url, "--lease-ms", "2000", "--hooks", hooks,
+                           "--daemon", sbx.url, "--token-file-daemon", sbx.token_file,
+                           "--idle-timeout", "1", "--verbose", NULL};
+  assert_int_equal(st_start(&W.host[0], script, extra_a), 0);
+  assert_int_equal(st_start_like(&W.host[1], &W.host[0], script, extra_b), 0);
+  st_server *a = &W.host[0], *b = &W.host[1];
+
+  json_t *created = NULL;
+  assert_int_equal(st_call_json("POST", st_url(a, "/v1/conversations"), a->token[0], "{}",
+                                &created), 201);
+  char id[40];
+  snprintf(id, sizeof id, "%s", json_string_value(json_object_get(created, "id")));
+  json_decref(created);
+  message_on(a, id, "one");     /* A holds a copy; its idle timer runs */
+  double t0 = st_now();
+  message_on(b, id, "two");     /* B resumes it from the store and runs turn 2 */
+  if (st_now() - t0 > 3)
+    fail_msg("B took %.1f s for a turn: A's idle timeout (4 s) may have come first",
+             st_now() - t0);
+
+  assert_true(wait_log(b, "onSuspend ran", 15));        /* B's copy is the latest */
+  assert_true(wait_log(a, "copy is dropped", 15));
+  assert_false(log_has(a, "onSuspend ran"));
+
+  json_t *got = NULL;
+  assert_int_equal(st_call_json("GET", st_url(a, "/v1/conversations/%s", id), a->token[0],
+                                NULL, &got), 200);
+  assert_string_equal(json_string_value(json_object_get(got, "status")), "suspended");
+  assert_int_equal(json_integer_value(json_object_get(got, "turns")), 2);
+  json_decref(got);
+
+  /* turn 3 on A (resumed from the store afresh), then a DELETE on B, whose copy is
+   * now the stale one: onComplete runs there on the latest copy */
+  message_on(a, id, "three");
+  long status = st_call("DELETE", st_url(b, "/v1/conversations/%s", id), b->token[0], NULL,
+                        NULL);
+  assert_int_equal(status, 200);
+  assert_true(wait_log(b, "onComplete ran", 5));
+  assert_true(wait_log(b, "resumed from the store: another host ran it since", 5));
+  PGconn *pc = PQconnectdb(W.url);
+  assert_int_equal(PQstatus(pc), CONNECTION_OK);
+  char sql[200];
+  snprintf(sql, sizeof sql, "SELECT status, turns FROM conversations WHERE id = '%s'", id);
+  PGresult *r = query(pc, sql);
+  assert_int_equal(PQntuples(r), 1);
+  assert_string_equal(PQgetvalue(r, 0, 0), "completed");
+  assert_string_equal(PQgetvalue(r, 0, 1), "3");
+  PQclear(r);
+  PQfinish(pc);
+  assert_int_equal(st_stop(a), 0);
+  assert_int_equal(st_stop(b), 0);
+}
+
+/* }====================================================== */
+
 static int group_setup(void **state)
 {
   (void)state;
@@ -637,6 +751,8 @@ int main(void)
       test_3_hosts_one_killed_mid_run_lose_nothing_and_run_nothing_twice, setup, teardown),
     cmocka_unit_test_setup_teardown(test_postgresql_stopped_mid_run_refuses_then_resumes,
                                     setup, teardown),
+    cmocka_unit_test_setup_teardown(
+      test_a_stale_copy_is_dropped_at_its_idle_timeout_not_suspended, setup, teardown),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

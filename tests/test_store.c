@@ -635,6 +635,129 @@ static void test_lease_expired_is_taken_over(void **state)
   close_second(f, other, loop2);
 }
 
+typedef struct fenced_seen {
+  int calls;
+  char id[32];
+} fenced_seen;
+
+static void on_fenced(void *ud, const char *id)
+{
+  fenced_seen *w = ud;
+  w->calls++;
+  snprintf(w->id, sizeof w->id, "%s", id);
+}
+
+static size_t events_of(berth_store *s, const char *id)
+{
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(s, id, 0, 0, &ev, &n));
+  berth_store_events_free(ev, n);
+  return n;
+}
+
+/* The fence (store.h): a host writes a stored conversation's record, messages and
+ * events only while it holds the lease.  A host whose lease expired and was taken
+ * over has its late writes refused, counted and told, while the new holder's are
+ * applied; a conversation not stored yet is written by anyone. */
+static void test_fence_refuses_writes_of_a_lease_another_host_took(void **state)
+{
+  fixture *f = *state;
+  stored_conv(f, "F1");                           /* turns 3, last event 9 */
+  struct ev_loop *loop2;
+  berth_store *other = second_handle(f, &loop2);
+  if (other == f->s) {                            /* memory: one handle, one fence */
+    berth_store_fence(f->s, "host-a");
+    berth_store_put_event(f->s, "F1", 10, 4, "delta", "{}");
+    no_error(berth_store_flush(f->s));
+    berth_store_stats st;
+    berth_store_get_stats(f->s, &st);
+    assert_int_equal(st.fenced, 1);               /* nobody holds it: not host-a */
+    assert_int_equal(events_of(f->s, "F1"), 0);
+    assert_true(take(f->s, f->loop, "F1", "host-a", 60000).taken);
+    berth_store_put_event(f->s, "F1", 10, 4, "delta", "{}");
+    no_error(berth_store_flush(f->s));
+    assert_int_equal(events_of(f->s, "F1"), 1);
+    return;
+  }
+  berth_store_fence(f->s, "host-a");
+  berth_store_fence(other, "host-b");
+  fenced_seen fa = {0}, fb = {0};
+  berth_store_on_fenced(f->s, on_fenced, &fa);
+  berth_store_on_fenced(other, on_fenced, &fb);
+
+  /* A holds it (briefly): its writes apply, B's do not */
+  berth_store_lease a = take(f->s, f->loop, "F1", "host-a", 300);
+  assert_true(a.taken);
+  berth_store_put_event(f->s, "F1", 10, 4, "user", "{}");
+  const char *m = "{\"role\":\"user\"}";
+  berth_store_put_messages(f->s, "F1", 0, &m, 1, false);
+  berth_store_conv r = record("F1", "k1");
+  r.turns = 4;
+  r.last_event = 10;
+  r.n_messages = 1;
+  berth_store_put_conv(f->s, &r);
+  no_error(berth_store_flush(f->s));
+  assert_int_equal(fa.calls, 0);
+  berth_store_put_event(other, "F1", 11, 4, "delta", "{\"by\":\"b\"}");
+  no_error(berth_store_flush(other));
+  assert_int_equal(fb.calls, 1);
+  assert_string_equal(fb.id, "F1");
+  assert_int_equal(events_of(other, "F1"), 1);
+
+  /* A's lease expires and B takes it over: now A's late writes are refused */
+  while (berth_store_now_ms() <= a.expiry_ms + 2) {   /* the expiry is under test */
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  berth_store_lease b = take(other, loop2, "F1", "host-b", 60000);
+  assert_true(b.taken);
+  assert_int_equal(b.turns, 4);
+  assert_int_equal(b.last_event, 10);
+  berth_store_put_event(f->s, "F1", 11, 4, "delta", "{\"by\":\"a\"}");
+  const char *m2 = "{\"role\":\"assistant\",\"by\":\"a\"}";
+  berth_store_put_messages(f->s, "F1", 1, &m2, 1, false);
+  r.turns = 5;
+  r.last_event = 11;
+  r.n_messages = 2;
+  r.state = (char *)"{\"by\":\"a\"}";
+  berth_store_put_conv(f->s, &r);
+  no_error(berth_store_flush(f->s));
+  assert_int_equal(fa.calls, 3);
+  berth_store_stats st;
+  berth_store_get_stats(f->s, &st);
+  assert_int_equal(st.fenced, 3);
+  berth_store_put_event(other, "F1", 11, 5, "user", "{\"by\":\"b\"}");
+  no_error(berth_store_flush(other));
+
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(other, "F1", 0, 0, &ev, &n));
+  assert_int_equal(n, 2);
+  assert_string_equal(ev[1].data, "{\"by\":\"b\"}");
+  berth_store_events_free(ev, n);
+  char **msgs;
+  no_error(berth_store_load_messages(other, "F1", &msgs, &n));
+  assert_int_equal(n, 1);
+  berth_store_texts_free(msgs, n);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(other, "F1", &got, &found));
+  assert_int_equal(got.turns, 4);
+  assert_null(got.state);
+  assert_string_equal(got.lease_holder, "host-b");
+  berth_store_conv_clear(&got);
+
+  /* a new conversation is created under any fence */
+  berth_store_conv fresh = record("F2", "k1");
+  berth_store_put_conv(f->s, &fresh);
+  no_error(berth_store_flush(f->s));
+  no_error(berth_store_get_conv(other, "F2", &got, &found));
+  assert_true(found);
+  berth_store_conv_clear(&got);
+  close_second(f, other, loop2);
+}
+
 static void on_renewed(void *ud, const berth_error *err)
 {
   sync_seen *w = ud;
@@ -1610,6 +1733,7 @@ int main(void)
     BOTH(test_a_record_never_goes_back),
     BOTH(test_a_newer_queued_record_supersedes_an_older_one),
     BOTH(test_lease_expired_is_taken_over),
+    BOTH(test_fence_refuses_writes_of_a_lease_another_host_took),
     BOTH(test_lease_renew_extends_the_hosts_leases),
     BOTH(test_lease_release_frees_it),
     BOTH(test_lease_takeover_marks_that_turn_interrupted),
@@ -1637,6 +1761,7 @@ int main(void)
     PG(test_a_record_never_goes_back),
     PG(test_a_newer_queued_record_supersedes_an_older_one),
     PG(test_lease_expired_is_taken_over),
+    PG(test_fence_refuses_writes_of_a_lease_another_host_took),
     PG(test_lease_renew_extends_the_hosts_leases),
     PG(test_lease_release_frees_it),
     PG(test_lease_takeover_marks_that_turn_interrupted),

@@ -770,6 +770,11 @@ static void on_idle(struct ev_loop *loop, ev_timer *w, int revents)
   (void)loop;
   (void)revents;
   berth_conv *c = w->data;
+  berth_host *h = c->h;
+  if (h->o.on_idle) {
+    h->o.on_idle(h->o.idle_ud, c);   /* (may free c) */
+    return;
+  }
   c->suspend_wanted = true;
   pump(c);
 }

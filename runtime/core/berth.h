@@ -152,6 +152,14 @@ typedef struct berth_options {
   double hook_time_limit, hook_deadline;
   size_t max_events;
   double idle_timeout;           /* seconds before a quiet conversation suspends (30) */
+  /* When set, the idle timeout does not suspend by itself: on_idle(idle_ud, c) is
+   * told, and decides — berth_conv_suspend now or later, or berth_conv_free.  For a
+   * host sharing its store with others (berth serve's leases): it takes the lease
+   * first, so that a copy another host ran turns of since is dropped, never
+   * suspended with stale state.  The rules of berth_callbacks hold, except that it
+   * may free the conversation it is given.  NULL: the conversation suspends. */
+  void (*on_idle)(void *ud, berth_conv *c);
+  void *idle_ud;
   /* The plimsoll daemon.  A NULL url leaves the sandbox natives answering
    * "Nothing ran (environment): …". */
   const char *daemon_url, *daemon_token;

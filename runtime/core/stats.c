@@ -206,6 +206,11 @@ char *berth_host_metrics(const berth_host *h)
         berth_store_failing(h->o.store));
     one(f, "berth_store_flushes_total", "counter", "Store write transactions applied.",
         ss.flushes);
+    one(f, "berth_store_fenced_writes_total", "counter",
+        "Writes the store refused: another host holds the conversation's lease.",
+        ss.fenced);
+    one(f, "berth_store_checkpoints_total", "counter",
+        "SQLite WAL checkpoints made off the loop's thread.", ss.checkpoints);
   }
   one(f, "berth_lua_memory_bytes", "gauge", "Bytes of the Lua state.", s.lua_bytes);
   hist(f, "berth_turn_duration_seconds",

@@ -180,6 +180,8 @@ struct sconv {
   struct lease_wait *lw;         /* the take in flight */
   ev_timer retry;                /* the next take while another host holds it */
   double wait_until, backoff;
+  bool want_suspend;             /* idle: suspend once the lease is taken (on_lease) */
+  bool fenced;                   /* the store refused its writes: another host holds it */
   int64_t turn_started_ms;       /* the running turn's start (its turn_end says it) */
 };
 
@@ -1195,6 +1197,19 @@ static request *pend_pop(sconv *sc)
   return q;
 }
 
+/* q (a message, or a DELETE) waits for the lease, in order (on_lease). */
+static void pend_add(sconv *sc, request *q)
+{
+  q->lease_sc = sc;
+  if (sc->pend_tail)
+    sc->pend_tail->lnext = q;
+  else
+    sc->pend = q;
+  sc->pend_tail = q;
+  if (sc->lease == LEASE_NONE)
+    lease_take(sc);
+}
+
 /* Every message waiting for the lease gets the same refusal (nothing was stored). */
 static void pend_refuse(sconv *sc, unsigned status, const char *code, const char *why)
 {
@@ -1257,16 +1272,60 @@ static char *reload_conv(sconv *sc, bool interrupted)
 
 static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status);
 static void sconv_gone(sconv *sc);
+static void start_delete(request *q, sconv *sc);
 
 static void on_lease_retry(struct ev_loop *loop, ev_timer *w, int revents)
 {
   (void)loop;
   (void)revents;
   sconv *sc = w->data;
-  if (sc->pend)
+  if (sc->pend || sc->want_suspend)
     lease_take(sc);
   else
     sc->lease = LEASE_NONE;     /* every waiting client left */
+}
+
+/* The conversation ran on another host since this host's copy: the copy and its
+ * sandbox go without a hook (that host suspends its own); its next message here
+ * resumes it from the store.  Frees sc. */
+static void drop_stale(sconv *sc)
+{
+  server *s = sc->s;
+  if (s->verbose)
+    slog(s, "%s: another host ran it since; this host's copy is dropped",
+         berth_conv_run_id(sc->conv));
+  berth_conv_forget_sandbox(sc->conv);
+  sconv_gone(sc);
+}
+
+/* Whether another host ran turns of the conversation since this host's copy, or left
+ * one running.  (The stored record may lag this host's own last events — the turn's
+ * end is recorded after it — never lead them: a record ahead is another host's.) */
+static bool stale_copy(const sconv *sc, const berth_store_lease *l)
+{
+  return l->running_turn || l->turns != berth_conv_turns(sc->conv) ||
+         l->last_event > berth_conv_last_event(sc->conv);
+}
+
+/* The lease's answer for an idle conversation with no message waiting: suspended here
+ * when this host's copy is the latest, dropped when another host ran it since or
+ * holds it now.  May free sc. */
+static void idle_answer(sconv *sc, const berth_store_lease *l)
+{
+  sc->want_suspend = false;
+  if (!l->found || !l->taken) {
+    drop_stale(sc);
+    return;
+  }
+  sc->lease = LEASE_HELD;
+  sc->s->leases_held++;
+  if (stale_copy(sc, l)) {
+    lease_release(sc);
+    drop_stale(sc);
+    return;
+  }
+  berth_conv_suspend(sc->conv);  /* the lease goes back once it is (on_suspended) */
+  lease_maybe_release(sc);
 }
 
 static void on_lease(void *ud, const berth_error *err, const berth_store_lease *l)
@@ -1281,11 +1340,23 @@ static void on_lease(void *ud, const berth_error *err, const berth_store_lease *
   if (err) {
     sc->lease = LEASE_NONE;
     sc->wait_until = 0;
-    slog(s, "a message was refused: the store failed (%s)", err->message);
+    if (sc->pend)
+      slog(s, "a message was refused: the store failed (%s)", err->message);
     pend_refuse(sc, MHD_HTTP_SERVICE_UNAVAILABLE, "unavailable",
                 "the store cannot be reached, so the message was not taken; retry later");
+    if (sc->want_suspend) {     /* the suspend waits for the store: tried again */
+      sc->lease = LEASE_TAKING;
+      ev_timer_init(&sc->retry, on_lease_retry, LEASE_RETRY_MOST, 0.);
+      sc->retry.data = sc;
+      ev_timer_start(s->loop, &sc->retry);
+    }
     return;
   }
+  if (!sc->pend && sc->want_suspend) {
+    idle_answer(sc, l);
+    return;
+  }
+  sc->want_suspend = false;     /* a message came: not idle any more */
   if (!l->found) {
     sc->lease = LEASE_NONE;
     pend_refuse(sc, MHD_HTTP_NOT_FOUND, "not_found", "no such conversation");
@@ -1316,8 +1387,7 @@ static void on_lease(void *ud, const berth_error *err, const berth_store_lease *
   sc->wait_until = 0;
   sc->lease = LEASE_HELD;
   s->leases_held++;
-  if (l->running_turn || l->turns != berth_conv_turns(sc->conv) ||
-      l->last_event > berth_conv_last_event(sc->conv)) {
+  if (stale_copy(sc, l)) {
     char *why = reload_conv(sc, l->running_turn > 0);
     if (why) {
       slog(s, "a message was refused: %s", why);
@@ -1331,6 +1401,10 @@ static void on_lease(void *ud, const berth_error *err, const berth_store_lease *
   }
   request *q;
   while ((q = pend_pop(sc))) {
+    if (q->is_delete) {         /* (the messages before it were given: it comes last) */
+      start_delete(q, sc);
+      continue;
+    }
     unsigned status = 0;
     struct MHD_Response *r = give_message(q, sc, &status);
     if (r)
@@ -1383,6 +1457,48 @@ static void sconv_gone(sconv *sc)
 {
   table_remove(sc->s, sc);
   sconv_free(sc);
+}
+
+/* The idle timeout passed (berth_options.on_idle, with leases): the conversation is
+ * suspended only once its lease is taken and this host's copy is found the latest;
+ * otherwise the copy is dropped (idle_answer). */
+static void on_idle(void *ud, berth_conv *c)
+{
+  (void)ud;
+  sconv *sc = berth_conv_userdata(c);
+  if (!sc || sc->lease == LEASE_HELD) {
+    berth_conv_suspend(c);
+    return;
+  }
+  sc->want_suspend = true;
+  if (sc->lease == LEASE_NONE)
+    lease_take(sc);
+}
+
+/* onSuspend ran: with leases, the lease taken for it goes back. */
+static void on_suspended(void *ud, berth_conv *c)
+{
+  (void)ud;
+  sconv *sc = berth_conv_userdata(c);
+  if (sc && sc->s->leases)
+    lease_maybe_release(sc);
+}
+
+/* The store refused a write of this host's (the fence): another host took the
+ * conversation's lease, this host's renewals having failed past its expiry.  Said
+ * once per conversation; its next message here resumes from the store. */
+static void on_fenced(void *ud, const char *id)
+{
+  server *s = ud;
+  plm_idmap_node *n = strlen(id) == ID_LEN ? plm_idmap_get(&s->convs, id) : NULL;
+  sconv *sc = n ? PLM_IDMAP_OWNER(n, sconv, node) : NULL;
+  if (sc && sc->fenced)
+    return;
+  if (sc)
+    sc->fenced = true;
+  slog_warn(s, "conversation %s: another host holds its lease now, so this host's "
+               "writes for it were refused (its lease expired while the store could not "
+               "be reached)", id);
 }
 
 static void on_renewed(void *ud, const berth_error *err)
@@ -1612,16 +1728,9 @@ static enum MHD_Result do_message(request *q, sconv *sc)
   json_decref(body);
   if (s->leases && sc->lease != LEASE_HELD) {
     /* waits for the lease, in order with the messages before it (on_lease) */
-    q->lease_sc = sc;
-    if (sc->pend_tail)
-      sc->pend_tail->lnext = q;
-    else
-      sc->pend = q;
-    sc->pend_tail = q;
     q->suspended = true;
     MHD_suspend_connection(q->conn);
-    if (sc->lease == LEASE_NONE)
-      lease_take(sc);
+    pend_add(sc, q);
     return MHD_YES;
   }
   unsigned status = 0;
@@ -1855,7 +1964,8 @@ static enum MHD_Result do_events(request *q)
   return queue(q, MHD_HTTP_OK, sse_response(st));
 }
 
-static enum MHD_Result do_delete(request *q, sconv *sc)
+/* onComplete runs (after the queued turns); on_completed answers q. */
+static void start_delete(request *q, sconv *sc)
 {
   server *s = q->s;
   if (s->verbose)
@@ -1863,9 +1973,20 @@ static enum MHD_Result do_delete(request *q, sconv *sc)
   table_remove(s, sc);          /* gone for every request from now on */
   sc->deleting = q;
   q->deleting = sc;
+  berth_conv_complete(sc->conv, on_completed, sc);
+}
+
+static enum MHD_Result do_delete(request *q, sconv *sc)
+{
   q->suspended = true;
   MHD_suspend_connection(q->conn);
-  berth_conv_complete(sc->conv, on_completed, sc);
+  if (q->s->leases && sc->lease != LEASE_HELD) {
+    /* onComplete runs on the latest copy, with the lease, after the messages that
+     * wait for it (on_lease) */
+    pend_add(sc, q);
+    return MHD_YES;
+  }
+  start_delete(q, sc);
   return MHD_YES;
 }
 
@@ -2681,6 +2802,8 @@ int berth_cmd_serve(int argc, char **argv)
       ev_unref(s->loop);        /* renewing alone keeps no loop alive */
       slog(s, "host %s: leases of %lld ms on the shared store", s->host_id,
            (long long)s->lease_ms);
+      berth_store_fence(s->store, s->host_id);
+      berth_store_on_fenced(s->store, on_fenced, s);
     }
   }
 
@@ -2726,7 +2849,11 @@ int berth_cmd_serve(int argc, char **argv)
   if (a.grace_set)
     ho.shutdown_grace = a.grace > 0 ? a.grace : -1;  /* 0: cancel at once */
   berth_callbacks cb = {on_turn_start, on_delta, on_message, on_tool_call, on_tool_result,
-                        on_turn_end, NULL, NULL, on_error, s};
+                        on_turn_end, on_suspended, NULL, on_error, s};
+  if (s->leases) {
+    ho.on_idle = on_idle;
+    ho.idle_ud = s;
+  }
   ho.callbacks = cb;
   berth_error *e = berth_host_open(&ho, &s->h);
   if (e) {

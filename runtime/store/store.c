@@ -391,6 +391,11 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   }
   for (store_op *op = b->ops, *next; op; op = next) {
     next = op->next;
+    if (!err && op->fenced) {
+      s->st.fenced++;
+      if (s->fenced_fn)
+        s->fenced_fn(s->fenced_ud, op->kind == OP_PUT_CONV ? op->conv.id : op->id);
+    }
     if (answered_op(op) && (op->done || op->lease_done) && w) {
       pending_done *d = berth_xcalloc(1, sizeof *d);
       d->fn = op->done;
@@ -642,6 +647,7 @@ void berth_store_free(berth_store *s)
   }
   plm_idmap_free(&s->latest);
   berth_error_free(s->last_err);
+  free(s->fence);
   free(s->url);
   free(s);
 }
@@ -663,6 +669,18 @@ void berth_store_on_failure(berth_store *s, void (*fn)(void *ud, const berth_err
 {
   s->failure_fn = fn;
   s->failure_ud = ud;
+}
+
+void berth_store_fence(berth_store *s, const char *host)
+{
+  free(s->fence);
+  s->fence = host ? berth_xstrndup(host, BERTH_STORE_HOST_MAX) : NULL;
+}
+
+void berth_store_on_fenced(berth_store *s, void (*fn)(void *ud, const char *id), void *ud)
+{
+  s->fenced_fn = fn;
+  s->fenced_ud = ud;
 }
 
 /* }====================================================== */

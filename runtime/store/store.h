@@ -120,6 +120,7 @@ typedef struct berth_store_stats {
   uint64_t flushes, ops, failures;
   uint64_t superseded;           /* records that took a queued one's place (not in ops) */
   uint64_t returned;             /* operations a flush left for the next (its budget) */
+  uint64_t fenced;               /* writes not applied: the lease was another's (fence) */
   uint64_t queued;               /* writes waiting now (kept ones too, while failing) */
   double flush_seconds_max;      /* the longest one flush held the loop */
   double flush_seconds_sum;
@@ -261,6 +262,21 @@ void berth_store_lease_renew(berth_store *s, const char *host, int64_t ttl_ms,
 void berth_store_lease_release(berth_store *s, const char *id, const char *host);
 /* Frees every lease (a host alone on its store, at start: its predecessor's). */
 void berth_store_lease_clear_all(berth_store *s);
+
+/* The fence (many hosts).  From now on this handle's writes of a conversation that is
+ * stored — an update of its record, its messages, its events — are applied only while
+ * `host` holds its lease; the others are not applied, and are counted (stats.fenced)
+ * and told to `fn` (berth_store_on_fenced).  So a host that lost a lease — its
+ * renewals failed past the expiry, and another host took it — cannot interleave its
+ * late writes (kept while the store was unreachable, say) with the new holder's.
+ * What is not stored yet (a new conversation's first record) is written regardless.
+ * Set it before the first write; NULL: none (a host alone on its store).  A record
+ * refused because it is older than the stored one (store.h, put_conv) is counted
+ * with them while the fence is set. */
+void berth_store_fence(berth_store *s, const char *host);
+/* `fn(ud, id)` hears of each write the fence refused, with the conversation's id
+ * (borrowed), from inside the flush: it must not call the store.  NULL stops it. */
+void berth_store_on_fenced(berth_store *s, void (*fn)(void *ud, const char *id), void *ud);
 
 /* berth_store_mark_interrupted for one conversation (a lease taken over from a host
  * that died in a turn): *marked whether it had a turn running. */

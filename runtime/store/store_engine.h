@@ -40,6 +40,7 @@ typedef struct store_op {
   berth_store_lease lease;
   plm_idmap_node node;           /* OP_PUT_CONV in berth_store.latest, keyed by conv.id */
   bool latest;                   /*   (while it is there) */
+  bool fenced;                   /* set by the engine: the fence refused it (store.h) */
   uint64_t barrier;              /*   the store's barrier count when it was queued */
 } store_op;
 
@@ -105,6 +106,9 @@ struct berth_store {
   size_t syncs_waiting;
   void (*failure_fn)(void *ud, const berth_error *err);   /* berth_store_on_failure */
   void *failure_ud;
+  char *fence;                   /* berth_store_fence: the host, or NULL */
+  void (*fenced_fn)(void *ud, const char *id);            /* berth_store_on_fenced */
+  void *fenced_ud;
 };
 
 /* The conditions of a lease (one place, so the three engines agree). */

@@ -110,11 +110,21 @@ static void mem_close(berth_store *s)
   free(m);
 }
 
-static void put_conv(mem *m, const berth_store_conv *r)
+/* The fence (store.h): a stored conversation whose lease `fence` does not hold. */
+static bool fenced_off(const mconv *c, const char *fence)
+{
+  return fence && c && c->has_record &&
+         (!c->r.lease_holder || strcmp(c->r.lease_holder, fence) != 0);
+}
+
+/* false when not applied: older than the stored record, or fenced off */
+static bool put_conv(mem *m, const berth_store_conv *r, const char *fence)
 {
   mconv *c = find_or_add(m, r->id);
   if (c->has_record && (c->r.turns > r->turns || c->r.last_event > r->last_event))
-    return;                     /* a record never goes back (store.h) */
+    return false;               /* a record never goes back (store.h) */
+  if (fenced_off(c, fence))
+    return false;
   uint64_t order = c->has_record ? c->r.order : ++m->next_order;
   char *holder = c->r.lease_holder;      /* a record's write leaves the lease alone */
   int64_t expiry = c->r.lease_expiry_ms;
@@ -126,11 +136,14 @@ static void put_conv(mem *m, const berth_store_conv *r)
   c->r.lease_expiry_ms = expiry;
   c->r.order = order;
   c->has_record = true;
+  return true;
 }
 
-static void put_messages(mem *m, const store_op *op)
+static bool put_messages(mem *m, const store_op *op, const char *fence)
 {
   mconv *c = find_or_add(m, op->id);
+  if (fenced_off(c, fence))
+    return false;
   if (op->replace) {
     for (size_t i = 0; i < c->n_msgs; i++)
       free(c->msgs[i]);
@@ -152,11 +165,14 @@ static void put_messages(mem *m, const store_op *op)
   for (size_t i = 0; i < c->n_msgs; i++)   /* (no gaps: a missing one reads as null) */
     if (!c->msgs[i])
       c->msgs[i] = berth_xstrdup("null");
+  return true;
 }
 
-static void put_event(mem *m, const store_op *op)
+static bool put_event(mem *m, const store_op *op, const char *fence)
 {
   mconv *c = find_or_add(m, op->id);
+  if (fenced_off(c, fence))
+    return false;
   mevent *e = NULL;
   if (c->n_evs && c->evs[c->n_evs - 1].e.seq >= op->seq) {
     for (size_t i = 0; i < c->n_evs; i++)
@@ -179,6 +195,7 @@ static void put_event(mem *m, const store_op *op)
   e->e.kind = berth_xstrdup(op->ev_kind);
   e->e.data = berth_xstrdup(op->data);
   e->message_id = op->message_id ? berth_xstrdup(op->message_id) : NULL;
+  return true;
 }
 
 static void set_lease(mconv *c, const char *holder, int64_t expiry_ms)
@@ -231,11 +248,12 @@ static void lease_update(mem *m, const store_op *op)
 static void mem_apply(berth_store *s, berth_store_batch *b)
 {
   mem *m = s->engine;
+  const char *fence = s->fence;
   for (store_op *op = b->ops; op; op = op->next)
     switch (op->kind) {
-      case OP_PUT_CONV: put_conv(m, &op->conv); break;
-      case OP_PUT_MESSAGES: put_messages(m, op); break;
-      case OP_PUT_EVENT: put_event(m, op); break;
+      case OP_PUT_CONV: op->fenced = !put_conv(m, &op->conv, fence) && fence; break;
+      case OP_PUT_MESSAGES: op->fenced = !put_messages(m, op, fence); break;
+      case OP_PUT_EVENT: op->fenced = !put_event(m, op, fence); break;
       case OP_LEASE_TAKE: lease_take(m, op); break;
       case OP_LEASE_RENEW:
       case OP_LEASE_RELEASE:

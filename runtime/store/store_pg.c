@@ -132,6 +132,13 @@ enum {
 #define PG_NOW "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 #define LEASE_FREE "(lease_holder IS NULL OR lease_expiry_ms < " PG_NOW \
                    " OR lease_holder = $2)"
+/* A write of conversation $1 under the fence `host` (a parameter: NULL, no fence): the
+ * conversation is not stored, or `host` holds its lease (store.h).  Checked as the
+ * statement starts: a write under way when another host takes the lease may land,
+ * none after. */
+#define FENCE(host) "(" host "::text IS NULL OR NOT EXISTS (SELECT 1 FROM conversations" \
+                    " WHERE id = $1::text AND (lease_holder IS NULL OR lease_holder <> " \
+                    host "::text)))"
 
 static const char *const sql[P_COUNT] = {
   "INSERT INTO conversations (id, caller, owner, run_id, metadata, state, status,"
@@ -140,14 +147,15 @@ static const char *const sql[P_COUNT] = {
   " ON CONFLICT (id) DO UPDATE SET caller = $2, owner = $3, run_id = $4, metadata = $5,"
   " state = $6, status = $7, created_ms = $8, updated_ms = $9, turns = $10,"
   " running_turn = $11, n_messages = $12, last_event = $13"
-  " WHERE conversations.turns <= $10 AND conversations.last_event <= $13",  /* never back */
-  "DELETE FROM messages WHERE conv = $1",
-  "INSERT INTO messages (conv, seq, body) VALUES ($1, $2, $3)"
-  " ON CONFLICT (conv, seq) DO UPDATE SET body = $3",
+  " WHERE conversations.turns <= $10 AND conversations.last_event <= $13"  /* never back */
+  " AND ($14::text IS NULL OR conversations.lease_holder = $14)",          /* the fence */
+  "DELETE FROM messages WHERE conv = $1 AND " FENCE("$2"),
+  "INSERT INTO messages (conv, seq, body) SELECT $1::text, $2::bigint, $3::text"
+  " WHERE " FENCE("$4") " ON CONFLICT (conv, seq) DO UPDATE SET body = EXCLUDED.body",
   "INSERT INTO events (conv, seq, turn, kind, data, message_id)"
-  " VALUES ($1, $2, $3, $4, $5, $6)"
-  " ON CONFLICT (conv, seq) DO UPDATE SET turn = $3, kind = $4, data = $5,"
-  " message_id = $6",
+  " SELECT $1::text, $2::bigint, $3::bigint, $4::text, $5::text, $6::text"
+  " WHERE " FENCE("$7") " ON CONFLICT (conv, seq) DO UPDATE SET turn = EXCLUDED.turn,"
+  " kind = EXCLUDED.kind, data = EXCLUDED.data, message_id = EXCLUDED.message_id",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE id = $1",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE caller = $1 AND n < $2"
   " ORDER BY n DESC LIMIT $3",
@@ -203,7 +211,8 @@ typedef struct pgreq {
   berth_store_batch *batch;      /* R_WRITE */
   bool sent, done;
   PGresult *rows;                /* R_WAIT: the last result with rows */
-  store_op *take;                /* R_WRITE: the next lease take to answer (rows) */
+  store_op *cur;                 /* R_WRITE: the op the next result answers */
+  size_t left;                   /*   and how many of its statements are unanswered */
   berth_error *err;              /* the first failure */
 } pgreq;
 
@@ -347,11 +356,23 @@ static bool send_prepared(pg *p, int stmt, int n, const char *const *vals)
   return ok;
 }
 
+/* How many statements send_batch sends for an op: its results come in that order. */
+static size_t op_statements(const store_op *op)
+{
+  switch (op->kind) {
+    case OP_SYNC: return 0;
+    case OP_PUT_MESSAGES: return (op->replace ? 1 : 0) + op->n;
+    default: return 1;
+  }
+}
+
 /* The queries of one batch, then its Sync. */
 static bool send_batch(pg *p, pgreq *q)
 {
   char a[24], b[24], c[24], d[24], e[24], f[24], g[24];
+  const char *fence = p->s->fence;
   for (store_op *op = q->batch->ops; op; op = op->next) {
+    op->fenced = false;
     switch (op->kind) {
       case OP_PUT_CONV: {
         const berth_store_conv *r = &op->conv;
@@ -361,31 +382,31 @@ static bool send_batch(pg *p, pgreq *q)
         snprintf(d, sizeof d, "%" PRIu32, r->running_turn);
         snprintf(e, sizeof e, "%" PRIu32, r->n_messages);
         snprintf(f, sizeof f, "%" PRIu64, r->last_event);
-        const char *v[13] = {r->id, r->caller ? r->caller : "", r->owner,
+        const char *v[14] = {r->id, r->caller ? r->caller : "", r->owner,
                              r->run_id ? r->run_id : "", r->metadata, r->state,
-                             berth_store_status_name(r->status), a, b, c, d, e, f};
-        if (!send_prepared(p, P_PUT_CONV, 13, v))
+                             berth_store_status_name(r->status), a, b, c, d, e, f, fence};
+        if (!send_prepared(p, P_PUT_CONV, 14, v))
           return false;
         break;
       }
       case OP_PUT_MESSAGES:
         if (op->replace) {
-          const char *v[1] = {op->id};
-          if (!send_prepared(p, P_DEL_MESSAGES, 1, v))
+          const char *v[2] = {op->id, fence};
+          if (!send_prepared(p, P_DEL_MESSAGES, 2, v))
             return false;
         }
         for (size_t i = 0; i < op->n; i++) {
           snprintf(a, sizeof a, "%" PRIu64, (uint64_t)op->first + i);
-          const char *v[3] = {op->id, a, op->texts[i]};
-          if (!send_prepared(p, P_PUT_MESSAGE, 3, v))
+          const char *v[4] = {op->id, a, op->texts[i], fence};
+          if (!send_prepared(p, P_PUT_MESSAGE, 4, v))
             return false;
         }
         break;
       case OP_PUT_EVENT: {
         snprintf(a, sizeof a, "%" PRIu64, op->seq);
         snprintf(g, sizeof g, "%" PRIu32, op->turn);
-        const char *v[6] = {op->id, a, g, op->ev_kind, op->data, op->message_id};
-        if (!send_prepared(p, P_PUT_EVENT, 6, v))
+        const char *v[7] = {op->id, a, g, op->ev_kind, op->data, op->message_id, fence};
+        if (!send_prepared(p, P_PUT_EVENT, 7, v))
           return false;
         break;
       }
@@ -417,7 +438,8 @@ static bool send_batch(pg *p, pgreq *q)
         break;
     }
   }
-  q->take = q->batch->ops;
+  q->cur = q->batch->ops;
+  q->left = q->cur ? op_statements(q->cur) : 0;
   if (PQpipelineSync(p->conn) != 1)
     return false;
   q->sent = true;
@@ -512,16 +534,27 @@ static void check_idle(pg *p)
   }
 }
 
-/* A lease take's row, to the batch's next take (its answer is given when the batch
- * ends: committed, or not at all). */
-static void take_answered(pgreq *q, const PGresult *r)
+/* A write's result, to the op it answers: a lease take's row (its answer is given
+ * when the batch ends: committed, or not at all); a write the fence refused (no row
+ * written, the fence set) is marked. */
+static void op_answered(pg *p, pgreq *q, const PGresult *r)
 {
-  while (q->take && q->take->kind != OP_LEASE_TAKE)
-    q->take = q->take->next;
-  if (!q->take)
+  while (q->cur && q->left == 0) {
+    q->cur = q->cur->next;
+    q->left = q->cur ? op_statements(q->cur) : 0;
+  }
+  store_op *op = q->cur;
+  if (!op)
     return;
-  store_op *op = q->take;
-  q->take = op->next;
+  bool deleting = op->kind == OP_PUT_MESSAGES && op->replace && q->left == op->n + 1;
+  q->left--;
+  if (op->kind != OP_LEASE_TAKE) {
+    if (p->s->fence && !deleting &&
+        (op->kind == OP_PUT_CONV || op->kind == OP_PUT_EVENT ||
+         op->kind == OP_PUT_MESSAGES) && !strcmp(PQcmdTuples((PGresult *)r), "0"))
+      op->fenced = true;
+    return;
+  }
   berth_store_lease *l = &op->lease;
   memset(l, 0, sizeof *l);
   if (PQntuples(r) < 1)
@@ -562,9 +595,11 @@ static void read_results(pg *p)
           continue;
         }
         if (q->kind == R_WRITE)  /* in a batch only lease takes return rows */
-          take_answered(q, r);
+          op_answered(p, q, r);
         break;
       case PGRES_COMMAND_OK:
+        if (q->kind == R_WRITE)
+          op_answered(p, q, r);
         break;
       case PGRES_PIPELINE_ABORTED:
         if (!q->err)

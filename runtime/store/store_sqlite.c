@@ -92,20 +92,25 @@ enum {
 };
 
 #define LEASE_FREE "(lease_holder IS NULL OR lease_expiry_ms < ?3 OR lease_holder = ?2)"
+/* A write of conversation ?1 under the fence `host` (a parameter: NULL, no fence): the
+ * conversation is not stored, or `host` holds its lease (store.h). */
+#define FENCE(host) "(" host " IS NULL OR NOT EXISTS (SELECT 1 FROM conversations" \
+                    " WHERE id = ?1 AND (lease_holder IS NULL OR lease_holder <> " host ")))"
 
 static const char *const sql[S_COUNT] = {
   /* the record's fields a conversation changes (the others are set once, below) */
   "UPDATE conversations SET metadata = ?5, state = ?6, status = ?7, updated_ms = ?9,"
   " turns = ?10, running_turn = ?11, n_messages = ?12, last_event = ?13"
-  " WHERE id = ?1 AND turns <= ?10 AND last_event <= ?13",     /* never back (store.h) */
+  " WHERE id = ?1 AND turns <= ?10 AND last_event <= ?13"      /* never back (store.h) */
+  " AND (?14 IS NULL OR lease_holder = ?14)",                 /* the fence (store.h) */
   "INSERT INTO conversations (id, caller, owner, run_id, metadata, state, status,"
   " created_ms, updated_ms, turns, running_turn, n_messages, last_event)"
   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
   " ON CONFLICT (id) DO NOTHING",
-  "DELETE FROM messages WHERE conv = ?1",
-  "INSERT OR REPLACE INTO messages (conv, seq, body) VALUES (?1, ?2, ?3)",
+  "DELETE FROM messages WHERE conv = ?1 AND " FENCE("?2"),
+  "INSERT OR REPLACE INTO messages (conv, seq, body) SELECT ?1, ?2, ?3 WHERE " FENCE("?4"),
   "INSERT OR REPLACE INTO events (conv, seq, turn, kind, data, message_id)"
-  " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+  " SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE " FENCE("?7"),
   "SELECT " CONV_COLUMNS " FROM conversations WHERE id = ?1",
   "SELECT " CONV_COLUMNS " FROM conversations WHERE caller = ?1 AND n < ?2"
   " ORDER BY n DESC LIMIT ?3",
@@ -339,23 +344,27 @@ static void bind_conv(sqlite3_stmt *q, const berth_store_conv *r)
  * is touched), and an insert only when that found no row: cheaper than an upsert,
  * which writes every column and index entry again.  (An update the guard refused also
  * finds no row: the insert then does nothing.) */
-static int put_conv(lite *l, const berth_store_conv *r)
+static int put_conv(lite *l, const berth_store_conv *r, const char *fence, bool *fenced)
 {
   sqlite3_stmt *q = l->st[S_PUT_CONV];
   bind_conv(q, r);
+  bind_text(q, 14, fence);
   int rc = run(q);
   if (rc != SQLITE_OK || sqlite3_changes(l->db) > 0)
     return rc;
   q = l->st[S_ADD_CONV];
   bind_conv(q, r);
-  return run(q);
+  rc = run(q);
+  *fenced = rc == SQLITE_OK && fence && sqlite3_changes(l->db) == 0;
+  return rc;
 }
 
-static int put_messages(lite *l, const store_op *op)
+static int put_messages(lite *l, store_op *op, const char *fence)
 {
   int rc = SQLITE_OK;
   if (op->replace) {
     bind_text(l->st[S_DEL_MESSAGES], 1, op->id);
+    bind_text(l->st[S_DEL_MESSAGES], 2, fence);
     rc = run(l->st[S_DEL_MESSAGES]);
   }
   sqlite3_stmt *q = l->st[S_PUT_MESSAGE];
@@ -363,12 +372,17 @@ static int put_messages(lite *l, const store_op *op)
     bind_text(q, 1, op->id);
     sqlite3_bind_int64(q, 2, (sqlite3_int64)(op->first + i));
     bind_text(q, 3, op->texts[i]);
+    bind_text(q, 4, fence);
     rc = run(q);
+    if (rc == SQLITE_OK && fence && sqlite3_changes(l->db) == 0) {
+      op->fenced = true;        /* (the fence holds for them all: one transaction) */
+      break;
+    }
   }
   return rc;
 }
 
-static int put_event(lite *l, const store_op *op)
+static int put_event(lite *l, store_op *op, const char *fence)
 {
   sqlite3_stmt *q = l->st[S_PUT_EVENT];
   bind_text(q, 1, op->id);
@@ -377,7 +391,10 @@ static int put_event(lite *l, const store_op *op)
   bind_text(q, 4, op->ev_kind);
   bind_text(q, 5, op->data);
   bind_text(q, 6, op->message_id);
-  return run(q);
+  bind_text(q, 7, fence);
+  int rc = run(q);
+  op->fenced = rc == SQLITE_OK && fence && sqlite3_changes(l->db) == 0;
+  return rc;
 }
 
 static int lease_take(lite *l, store_op *op)
@@ -437,10 +454,11 @@ static void lite_apply(berth_store *s, berth_store_batch *b)
   int rc = run(l->st[S_BEGIN]);
   double until = berth_clock() + BERTH_STORE_FLUSH_BUDGET;
   for (store_op *op = b->ops; op && rc == SQLITE_OK; op = op->next) {
+    op->fenced = false;
     switch (op->kind) {
-      case OP_PUT_CONV: rc = put_conv(l, &op->conv); break;
-      case OP_PUT_MESSAGES: rc = put_messages(l, op); break;
-      case OP_PUT_EVENT: rc = put_event(l, op); break;
+      case OP_PUT_CONV: rc = put_conv(l, &op->conv, s->fence, &op->fenced); break;
+      case OP_PUT_MESSAGES: rc = put_messages(l, op, s->fence); break;
+      case OP_PUT_EVENT: rc = put_event(l, op, s->fence); break;
       case OP_LEASE_TAKE: rc = lease_take(l, op); break;
       case OP_LEASE_RENEW:
       case OP_LEASE_RELEASE:
