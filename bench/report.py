@@ -8,7 +8,7 @@ curve.  This script then merges the fragments into bench/results.json:
 
   {"schema": 1, "date", "duration_s", "machine": {cpu, cores, memory_bytes, kernel,
    os, kvm, compiler}, "commit": {sha, modified},
-   "benchmarks": {"client": FRAGMENT, "cells": FRAGMENT,
+   "benchmarks": {"client": FRAGMENT, "cells": FRAGMENT, "store_turns": FRAGMENT,
                   "turns_per_second" | "idle_memory" | "serve_load":
                       {"runs": [FRAGMENT, ...], "curve": TABLE}},
    "failed": [{"bench", "args", "exit"}], "plots": [paths]}
@@ -26,6 +26,7 @@ report: it writes BUILD/bench/quick/).  BENCH_WARM and BENCH_PROVIDERS (cells) p
 import argparse
 import datetime
 import json
+import glob
 import os
 import platform
 import re
@@ -48,6 +49,12 @@ def plan():
         TPS_POINTS[:] = IDLE_POINTS[:] = [100, 1000]
         SERVE_POINTS[:] = [10, 100]
     runs = [("client", "client", []), ("cells", "cells", [])]
+    # the stores: PostgreSQL in a private cluster the benchmark starts (when installed)
+    engines = "memory,sqlite" + (",postgresql" if glob.glob("/usr/lib/postgresql/*/bin/initdb")
+                                 else "")
+    runs += [("store_turns", "store_turns",
+              ["--engines", engines, "--conversations", "1000" if QUICK else "1000,10000",
+               "--rounds", "1" if QUICK else "3"])]
     runs += [("turns_per_second", "turns_per_second-%d" % n, ["--conversations", str(n)])
              for n in TPS_POINTS]
     runs += [("idle_memory", "idle_memory-%d" % n, ["--conversations", str(n)])
@@ -140,7 +147,7 @@ def pct(p):
 
 def merge(frags):
     out = {}
-    for name in ("client", "cells"):
+    for name in ("client", "cells", "store_turns"):
         frag = load(frags, name)
         if frag:
             out[name] = frag

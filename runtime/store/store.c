@@ -310,13 +310,26 @@ static bool answered_op(const store_op *op)
 
 /* }====================================================== */
 
+/* The batch's ops first .. last (n of them, already out of it) go back to the head of
+ * the queue, in their order. */
+static void put_back(berth_store_batch *b, store_op *first, store_op *last, size_t n)
+{
+  berth_store *s = b->s;
+  last->next = s->head;
+  if (!s->head)
+    s->tail = last;
+  s->head = first;
+  s->queued += n;
+  b->n -= n;
+}
+
 /* A failed batch's writes go back to the head of the queue, in their order, to be
  * applied again (with what was queued since) once the retry delay passed: a write is
  * never dropped because one transaction failed.  Its syncs fail now, with the error:
  * what waited for them (a user message) is refused, visibly, while the writes before
  * them stay queued.  (An engine that pipelines batches may have applied a later one
  * already: its writes are replaced by these when they are applied again.) */
-static void requeue_writes(berth_store *s, berth_store_batch *b)
+static void requeue_writes(berth_store_batch *b)
 {
   store_op *first = NULL, **tail = &first, *last = NULL;
   size_t n = 0;
@@ -333,19 +346,12 @@ static void requeue_writes(berth_store *s, berth_store_batch *b)
     last = op;
     n++;
   }
-  if (!first)
-    return;
-  last->next = s->head;
-  if (!s->head)
-    s->tail = last;
-  s->head = first;
-  s->queued += n;
-  b->n -= n;
+  if (first)
+    put_back(b, first, last, n);
 }
 
 void berth_store_batch_return(berth_store_batch *b, store_op *after)
 {
-  berth_store *s = b->s;
   store_op *first = after->next, *last = first;
   if (!first)
     return;
@@ -355,13 +361,8 @@ void berth_store_batch_return(berth_store_batch *b, store_op *after)
     n++;
   }
   after->next = NULL;
-  last->next = s->head;
-  if (!s->head)
-    s->tail = last;
-  s->head = first;
-  s->queued += n;
-  b->n -= n;
-  s->st.returned += n;
+  put_back(b, first, last, n);
+  b->s->st.returned += n;
 }
 
 void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
@@ -383,7 +384,7 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
     berth_error_free(s->last_err);
     s->last_err = berth_error_new(err->code, "%s", err->message);
     if (!s->closing)
-      requeue_writes(s, b);
+      requeue_writes(b);
   } else if (s->failing) {
     s->failing = false;
     s->retry_delay = 0;

@@ -47,6 +47,9 @@
 /* How long a batch, a read or a connection attempt may wait for the server, unless
  * the URL's connect_timeout says otherwise. */
 #define PG_TIMEOUT 10.0
+/* Batches sent and not answered yet, at most (send_unsent says why). */
+#define PG_IN_FLIGHT 16
+
 /* A key of pg_advisory_xact_lock: migrations of one database run one at a time. */
 #define PG_MIGRATION_LOCK "6652916542964" /* "berth" as a number */
 
@@ -446,6 +449,30 @@ static bool send_batch(pg *p, pgreq *q)
   return true;
 }
 
+/* Sends the batches not sent yet, in order, while fewer than PG_IN_FLIGHT are sent and
+ * unanswered.  Bounded so: what the server has not read stays in libpq's output
+ * buffer, which libpq moves to its front at every partial send, and a buffer of
+ * thousands of batches made every send cost the whole of it.  False when the
+ * connection failed. */
+static bool send_unsent(pg *p)
+{
+  size_t flying = 0;
+  for (pgreq *q = p->head; q; q = q->next) {
+    if (q->sent) {
+      flying++;
+      continue;
+    }
+    if (flying >= PG_IN_FLIGHT)
+      break;
+    if (!send_batch(p, q))
+      return false;
+    flying++;
+  }
+  int f = PQflush(p->conn);
+  p->flush_pending = f == 1;
+  return f >= 0;
+}
+
 /* Prepares the statements on the connection, ahead of everything not yet sent (the
  * batches that waited for the connection).  False when the connection failed. */
 static bool send_setup(pg *p)
@@ -479,11 +506,8 @@ static void on_connected(pg *p)
   p->state = PG_READY;
   if (p->schema_ok && !send_setup(p))
     return;
-  for (pgreq *q = p->head; q; q = q->next)
-    if (!q->sent && !send_batch(p, q)) {
-      fail_with_conn_error(p);
-      return;
-    }
+  if (!send_unsent(p))
+    fail_with_conn_error(p);
 }
 
 /* The server's notices (a shutdown's "terminating connection", say) are not the host's
@@ -587,6 +611,10 @@ static void read_results(pg *p)
       case PGRES_PIPELINE_SYNC:
         PQclear(r);
         complete_head(p, NULL);
+        if (p->state == PG_READY && !send_unsent(p)) {  /* one answered: the next goes */
+          fail_with_conn_error(p);
+          return;
+        }
         continue;
       case PGRES_TUPLES_OK:
         if (q->kind == R_WAIT) {
@@ -693,7 +721,11 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
   (void)revents;
   pg *p = w->data;
   if (outstanding(p) || p->state == PG_CONNECTING) {
-    if (berth_clock() - p->progress > p->timeout) {
+    /* What arrived while the loop was busy elsewhere is a sign of life too: read it
+     * before calling the server silent. */
+    if (p->state == PG_READY && berth_clock() - p->progress > p->timeout)
+      step(p, EV_READ | EV_WRITE);
+    if (p->conn && berth_clock() - p->progress > p->timeout) {
       char why[80];
       snprintf(why, sizeof why, "no answer within %g s", p->timeout);
       fail_all(p, unavailable(p, why));
@@ -703,15 +735,19 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 }
 
 /* Drives the connection from the caller's stack until q is done (q NULL: until
- * nothing is outstanding and no connection is being made), at most p->timeout. */
+ * nothing is outstanding and no connection is being made), at most p->timeout of
+ * silence. */
 static void wait_for(pg *p, pgreq *q)
 {
-  double deadline = berth_clock() + p->timeout;
+  p->progress = berth_clock();   /* (the wait starts the count: earlier silence was
+                                    the loop's, busy elsewhere) */
   for (;;) {
     if (q ? q->done : (!outstanding(p) && p->state != PG_CONNECTING))
       break;
     int want = wanted(p);
-    double left = deadline - berth_clock();
+    /* at most p->timeout without a sign of life: a long queue that keeps answering
+     * is waited for */
+    double left = p->progress + p->timeout - berth_clock();
     if (!want || left <= 0) {
       char why[80];
       snprintf(why, sizeof why, "no answer within %g s", p->timeout);
@@ -945,17 +981,8 @@ static void pg_apply(berth_store *s, berth_store_batch *b)
   enqueue(p, q);
   if (p->state == PG_DOWN)
     conn_start(p);               /* sent once connected (or failed with it) */
-  else if (p->state == PG_READY) {
-    if (!send_batch(p, q))
-      fail_with_conn_error(p);
-    else {
-      int f = PQflush(p->conn);
-      if (f < 0)
-        fail_with_conn_error(p);
-      else
-        p->flush_pending = f == 1;
-    }
-  }
+  else if (p->state == PG_READY && !send_unsent(p))
+    fail_with_conn_error(p);
   if (!s->loop)
     wait_for(p, NULL);           /* no loop to answer on: synchronous */
   else
