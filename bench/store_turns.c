@@ -135,6 +135,16 @@ static bool pin_loop(bool on)
   return sched_setaffinity(0, sizeof set, &set) == 0;
 }
 
+/* berth_store_open with the loop unpinned meanwhile, so that the store's own threads
+ * may run on any CPU (pin_loop). */
+static berth_error *open_store(struct ev_loop *loop, const char *url, berth_store **st)
+{
+  pin_loop(false);
+  berth_error *e = berth_store_open(loop, url, st);
+  pin_loop(true);
+  return e;
+}
+
 static pgtest cluster;           /* --engines postgresql: started at its first use */
 
 static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, double limit,
@@ -155,9 +165,7 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
   } else
     snprintf(url, sizeof url, "%s", engine);
   berth_store *st = NULL;
-  pin_loop(false);
-  berth_error *e = berth_store_open(loop, url, &st);
-  pin_loop(true);
+  berth_error *e = open_store(loop, url, &st);
   if (e) {
     fprintf(stderr, "store_turns: %s: %s\n", engine, e->message);
     berth_error_free(e);
@@ -207,10 +215,7 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
   b.h = NULL;
   berth_store_free(st);
   st = NULL;
-  pin_loop(false);
-  e = berth_store_open(loop, url, &st);
-  pin_loop(true);
-  if (e) {
+  if ((e = open_store(loop, url, &st))) {
     fprintf(stderr, "store_turns: %s\n", e->message);
     return -1;
   }

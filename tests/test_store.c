@@ -1066,6 +1066,30 @@ static off_t file_size(const char *path)
   return stat(path, &st) == 0 ? st.st_size : -1;
 }
 
+/* A JSON string of len bytes, quotes included (malloc'd). */
+static char *json_string_of(size_t len, char fill)
+{
+  char *v = malloc(len + 1);
+  assert_non_null(v);
+  memset(v, fill, len);
+  v[0] = v[len - 1] = '"';
+  v[len] = 0;
+  return v;
+}
+
+/* `flushes` flushes of 400 events of `data` each, spread over conversations w0..w49. */
+static void write_events(fixture *f, uint64_t *seq, int flushes, const char *data)
+{
+  for (int flush = 0; flush < flushes; flush++) {
+    for (int i = 0; i < 400; i++) {
+      char id[16];
+      snprintf(id, sizeof id, "w%d", i % 50);
+      berth_store_put_event(f->s, id, ++*seq, 1, "delta", data);
+    }
+    no_error(berth_store_flush(f->s));
+  }
+}
+
 static void on_poll(struct ev_loop *loop, ev_timer *t, int revents)
 {
   (void)revents;
@@ -1083,20 +1107,9 @@ static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state
   char wal[160];
   snprintf(wal, sizeof wal, "%s-wal", f->path);
   off_t db0 = file_size(f->path);
-  char *big = malloc(3001);
-  memset(big, 'x', 3000);
-  big[0] = '"';
-  big[2999] = '"';
-  big[3000] = 0;
+  char *big = json_string_of(3000, 'x');
   uint64_t seq = 0;
-  for (int flush = 0; flush < 4; flush++) {  /* ~1 600 pages: past the threshold once */
-    for (int i = 0; i < 400; i++) {
-      char id[16];
-      snprintf(id, sizeof id, "w%d", i % 50);
-      berth_store_put_event(f->s, id, ++seq, 1, "delta", big);
-    }
-    no_error(berth_store_flush(f->s));
-  }
+  write_events(f, &seq, 4, big);   /* ~1 600 pages: past the threshold once */
   /* the thread copies the pages: polled for up to 15 s, the loop otherwise idle */
   ev_timer poll;
   ev_timer_init(&poll, on_poll, 0.02, 0.02);
@@ -1113,14 +1126,7 @@ static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state
   assert_true(file_size(f->path) >= db0 + 4 * 1024 * 1024);
 
   /* much more, without pause: the WAL stays under its bound (pages of 4 KiB + 24) */
-  for (int flush = 0; flush < 60; flush++) {
-    for (int i = 0; i < 400; i++) {
-      char id[16];
-      snprintf(id, sizeof id, "w%d", i % 50);
-      berth_store_put_event(f->s, id, ++seq, 1, "delta", big);
-    }
-    no_error(berth_store_flush(f->s));
-  }
+  write_events(f, &seq, 60, big);
   free(big);
   off_t wal_size = file_size(wal);
   assert_true(wal_size > 0);
@@ -1138,12 +1144,7 @@ static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state
 static void test_sqlite_flush_stops_at_its_budget_and_leaves_the_rest(void **state)
 {
   fixture *f = *state;
-  size_t len = 16 * 1024;
-  char *big = malloc(len + 1);
-  memset(big, 'y', len);
-  big[0] = '"';
-  big[len - 1] = '"';
-  big[len] = 0;
+  char *big = json_string_of(16 * 1024, 'y');
   for (uint64_t seq = 1; seq <= 4000; seq++)       /* one batch, far past the budget */
     berth_store_put_event(f->s, seq % 2 ? "odd" : "even", seq, 1, "delta", big);
   free(big);

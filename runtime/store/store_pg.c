@@ -561,7 +561,7 @@ static void check_idle(pg *p)
 /* A write's result, to the op it answers: a lease take's row (its answer is given
  * when the batch ends: committed, or not at all); a write the fence refused (no row
  * written, the fence set) is marked. */
-static void op_answered(pg *p, pgreq *q, const PGresult *r)
+static void op_answered(pg *p, pgreq *q, PGresult *r)
 {
   while (q->cur && q->left == 0) {
     q->cur = q->cur->next;
@@ -575,7 +575,7 @@ static void op_answered(pg *p, pgreq *q, const PGresult *r)
   if (op->kind != OP_LEASE_TAKE) {
     if (p->s->fence && !deleting &&
         (op->kind == OP_PUT_CONV || op->kind == OP_PUT_EVENT ||
-         op->kind == OP_PUT_MESSAGES) && !strcmp(PQcmdTuples((PGresult *)r), "0"))
+         op->kind == OP_PUT_MESSAGES) && !strcmp(PQcmdTuples(r), "0"))
       op->fenced = true;
     return;
   }

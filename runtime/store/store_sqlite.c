@@ -86,16 +86,17 @@ static const char *const migrations[BERTH_STORE_SCHEMA] = {
                      "lease_expiry_ms"
 
 enum {
-  S_PUT_CONV, S_ADD_CONV, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV, S_LIST, S_RUNNING,
-  S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK, S_LEASE_TAKE,
-  S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
+  S_PUT_CONV, S_ADD_CONV, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV, S_LIST,
+  S_RUNNING, S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK,
+  S_LEASE_TAKE, S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
 };
 
 #define LEASE_FREE "(lease_holder IS NULL OR lease_expiry_ms < ?3 OR lease_holder = ?2)"
 /* A write of conversation ?1 under the fence `host` (a parameter: NULL, no fence): the
  * conversation is not stored, or `host` holds its lease (store.h). */
 #define FENCE(host) "(" host " IS NULL OR NOT EXISTS (SELECT 1 FROM conversations" \
-                    " WHERE id = ?1 AND (lease_holder IS NULL OR lease_holder <> " host ")))"
+                    " WHERE id = ?1 AND (lease_holder IS NULL" \
+                    " OR lease_holder <> " host ")))"
 
 static const char *const sql[S_COUNT] = {
   /* the record's fields a conversation changes (the others are set once, below) */
@@ -344,18 +345,18 @@ static void bind_conv(sqlite3_stmt *q, const berth_store_conv *r)
  * is touched), and an insert only when that found no row: cheaper than an upsert,
  * which writes every column and index entry again.  (An update the guard refused also
  * finds no row: the insert then does nothing.) */
-static int put_conv(lite *l, const berth_store_conv *r, const char *fence, bool *fenced)
+static int put_conv(lite *l, store_op *op, const char *fence)
 {
   sqlite3_stmt *q = l->st[S_PUT_CONV];
-  bind_conv(q, r);
+  bind_conv(q, &op->conv);
   bind_text(q, 14, fence);
   int rc = run(q);
   if (rc != SQLITE_OK || sqlite3_changes(l->db) > 0)
     return rc;
   q = l->st[S_ADD_CONV];
-  bind_conv(q, r);
+  bind_conv(q, &op->conv);
   rc = run(q);
-  *fenced = rc == SQLITE_OK && fence && sqlite3_changes(l->db) == 0;
+  op->fenced = rc == SQLITE_OK && fence && sqlite3_changes(l->db) == 0;
   return rc;
 }
 
@@ -456,7 +457,7 @@ static void lite_apply(berth_store *s, berth_store_batch *b)
   for (store_op *op = b->ops; op && rc == SQLITE_OK; op = op->next) {
     op->fenced = false;
     switch (op->kind) {
-      case OP_PUT_CONV: rc = put_conv(l, &op->conv, s->fence, &op->fenced); break;
+      case OP_PUT_CONV: rc = put_conv(l, op, s->fence); break;
       case OP_PUT_MESSAGES: rc = put_messages(l, op, s->fence); break;
       case OP_PUT_EVENT: rc = put_event(l, op, s->fence); break;
       case OP_LEASE_TAKE: rc = lease_take(l, op); break;
