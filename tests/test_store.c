@@ -1020,18 +1020,23 @@ static void sql_on_file(const char *path, const char *text)
   sqlite3_close(db);
 }
 
-static int version_on_file(const char *path)
+/* The integer one query answers on the file, read through a connection of its own. */
+static int int_on_file(const char *path, const char *sql)
 {
   sqlite3 *db;
   sqlite3_stmt *q;
   assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT version FROM schema_version", -1, &q,
-                                      NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &q, NULL), SQLITE_OK);
   assert_int_equal(sqlite3_step(q), SQLITE_ROW);
   int v = sqlite3_column_int(q, 0);
   sqlite3_finalize(q);
   sqlite3_close(db);
   return v;
+}
+
+static int version_on_file(const char *path)
+{
+  return int_on_file(path, "SELECT version FROM schema_version");
 }
 
 static void test_sqlite_keeps_everything_across_reopening(void **state)
@@ -1302,17 +1307,8 @@ static const char downgrade_to_3[] =
 /* How many of the file's tables are WITHOUT ROWID. */
 static int without_rowid_tables(const char *path)
 {
-  sqlite3 *db;
-  sqlite3_stmt *q;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE"
-                                          " type = 'table' AND sql LIKE '%WITHOUT ROWID%'",
-                                      -1, &q, NULL), SQLITE_OK);
-  assert_int_equal(sqlite3_step(q), SQLITE_ROW);
-  int n = sqlite3_column_int(q, 0);
-  sqlite3_finalize(q);
-  sqlite3_close(db);
-  return n;
+  return int_on_file(path, "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                           " AND sql LIKE '%WITHOUT ROWID%'");
 }
 
 /* 3 -> 4 rebuilds messages and events as rowid tables, every row and id kept. */
