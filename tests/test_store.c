@@ -27,6 +27,7 @@
 
 #include "pgtest.h"
 #include "store/store.h"
+#include "store/store_engine.h"        /* an engine's eager bound */
 
 static pgtest cluster;           /* the PostgreSQL group's server */
 
@@ -1699,6 +1700,59 @@ static void test_pg_two_handles_see_each_others_writes(void **state)
   ev_loop_destroy(loop2);
 }
 
+/* An iteration that queues more than the engine's eager bound (store_engine.h) has
+ * its batches sent while it still runs, so the server works meanwhile: before the loop
+ * runs, the first ones are sent, no callback has run (never from the caller's stack),
+ * and a record written after its predecessor was sent is queued anew, not folded into
+ * the one in flight.  Then everything lands, in order. */
+static void test_pg_a_long_iteration_sends_batches_before_it_ends(void **state)
+{
+  fixture *f = *state;
+  size_t bound = berth_store_pg.eager_ops;
+  assert_true(bound > 1);
+  berth_store_stats s0, s1;
+  berth_store_get_stats(f->s, &s0);
+  sync_seen first = {.loop = f->loop}, last = {.loop = f->loop};
+  berth_store_sync(f->s, on_synced, &first);
+  for (unsigned i = 1; i + 1 < bound; i++)
+    berth_store_put_event(f->s, "eager", i, 1, "delta", "\"x\"");
+  berth_store_conv r = record("eager", "k1");
+  r.turns = 1;
+  berth_store_put_conv(f->s, &r);           /* the bound-th: sent with the rest */
+  berth_store_get_stats(f->s, &s1);
+  assert_int_equal(s1.flushes - s0.flushes, 1);
+  assert_int_equal(s1.queued, 0);
+  r.turns = 2;
+  r.last_event = 3 * bound;
+  berth_store_put_conv(f->s, &r);           /* its predecessor is in flight */
+  for (uint64_t i = bound - 1; i <= 3 * bound; i++)
+    berth_store_put_event(f->s, "eager", i, 1, "delta", "\"y\"");
+  berth_store_sync(f->s, on_synced, &last);
+  berth_store_get_stats(f->s, &s1);
+  assert_int_equal(s1.superseded, s0.superseded);
+  assert_int_equal(s1.flushes - s0.flushes, 3);
+  assert_int_equal(first.calls + last.calls, 0);
+  run_until(f->loop, &last.calls, 1);
+  assert_int_equal(first.calls, 1);
+  assert_int_equal(last.calls, 1);
+  assert_false(first.had_error || last.had_error);
+  berth_store_conv got;
+  bool found;
+  no_error(berth_store_get_conv(f->s, "eager", &got, &found));
+  assert_true(found);
+  assert_int_equal(got.turns, 2);
+  berth_store_conv_clear(&got);
+  berth_store_event *ev;
+  size_t n;
+  no_error(berth_store_read_events(f->s, "eager", 0, 0, &ev, &n));
+  assert_int_equal(n, 3 * bound);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(ev[i].seq, i + 1);
+  assert_string_equal(ev[bound - 3].data, "\"x\"");
+  assert_string_equal(ev[bound - 2].data, "\"y\"");
+  berth_store_events_free(ev, n);
+}
+
 static int pg_group_setup(void **state)
 {
   (void)state;
@@ -1773,6 +1827,7 @@ int main(void)
     PG(test_pg_a_server_that_stops_answering_fails_the_batch_in_bounded_time),
     PG(test_pg_ill_formed_utf8_is_stored_not_refused),
     PG(test_pg_two_handles_see_each_others_writes),
+    PG(test_pg_a_long_iteration_sends_batches_before_it_ends),
   };
   failed += cmocka_run_group_tests(postgresql, pg_group_setup, pg_group_teardown);
   return failed;

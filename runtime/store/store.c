@@ -5,7 +5,8 @@
  *
  * The flush runs from an ev_prepare watcher: after every callback of an iteration ran
  * and before the loop waits, so everything one iteration wrote shares a transaction
- * (and an fsync).  Sync callbacks never run inside the flush's caller (a read flushes
+ * (and an fsync) — or, on an engine with an eager bound (PostgreSQL, whose server
+ * works beside the loop), a batch goes as soon as that many writes are queued.  Sync callbacks never run inside the flush's caller (a read flushes
  * too, from wherever it is called): they are kept on a list and run from the watcher.
  */
 #include "store_engine.h"
@@ -139,6 +140,8 @@ static void idle_stop(berth_store *s)
   ev_idle_stop(s->loop, &w->idle);
 }
 
+static berth_error *flush_once(berth_store *s);
+
 static void enqueue(berth_store *s, store_op *op)
 {
   op->next = NULL;
@@ -148,6 +151,13 @@ static void enqueue(berth_store *s, store_op *op)
     s->head = op;
   s->tail = op;
   s->queued++;
+  /* The engine's eager bound (store_engine.h): not from inside a flush or an answer
+   * (their callers hold the queue's or the engine's lists), nor while failing (the
+   * retry timer paces the queue then).  A failure is logged and its writes kept
+   * (berth_store_batch_done), as at the iteration's end. */
+  if (s->vt->eager_ops && s->queued >= s->vt->eager_ops && s->loop && !s->flushing &&
+      !s->answering && !s->failing)
+    berth_error_free(flush_once(s));
 }
 
 /* A put_conv leaves s->latest (it is taken for a transaction, or superseded). */
@@ -193,12 +203,12 @@ void berth_store_put_conv(berth_store *s, const berth_store_conv *r)
   store_op *op = berth_xcalloc(1, sizeof *op);
   op->kind = OP_PUT_CONV;
   berth_store_conv_copy(&op->conv, r);
+  if (op->conv.id) {            /* (before enqueue, which may take it for a batch) */
+    op->node.key = op->conv.id;
+    op->barrier = s->barrier;
+    op->latest = plm_idmap_put(&s->latest, &op->node);
+  }
   enqueue(s, op);
-  if (!op->conv.id)
-    return;
-  op->node.key = op->conv.id;
-  op->barrier = s->barrier;
-  op->latest = plm_idmap_put(&s->latest, &op->node);
 }
 
 void berth_store_put_messages(berth_store *s, const char *id, uint32_t first,
@@ -249,10 +259,10 @@ void berth_store_sync(berth_store *s, berth_store_done_fn done, void *ud)
   op->kind = OP_SYNC;
   op->done = done;
   op->ud = ud;
-  enqueue(s, op);
   latest_barrier(s);
   if (done && W(s) && s->syncs_waiting++ == 0)
     ev_ref(s->loop);            /* someone waits: the loop runs until it is answered */
+  enqueue(s, op);               /* (last: it may take the op for a batch) */
 }
 
 /* {====================================================== leases */
@@ -270,8 +280,8 @@ static store_op *lease_op(store_op_kind kind, const char *id, const char *host,
 
 static void enqueue_lease(berth_store *s, store_op *op)
 {
-  enqueue(s, op);
   latest_barrier(s);
+  enqueue(s, op);
 }
 
 void berth_store_lease_take(berth_store *s, const char *id, const char *host,
@@ -369,6 +379,8 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
 {
   berth_store *s = b->s;
   store_watchers *w = W(s);
+  bool answering = s->answering;
+  s->answering = true;
   if (err) {
     s->st.failures++;
     if (s->failure_fn)
@@ -413,6 +425,7 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
     op_free(op);
   }
   free(b);
+  s->answering = answering;
 }
 
 /* Applies up to BERTH_STORE_BATCH_MAX queued operations in one transaction (the

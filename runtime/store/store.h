@@ -26,7 +26,11 @@
  * the SQLite engine stops applying once BERTH_STORE_FLUSH_BUDGET passed and commits
  * what it applied; what is left goes in the next iteration.  That bounds how long the
  * loop is held however many conversations write at once (the budget, one operation,
- * the commit); the time each flush took is in berth_store_stats.  When a write must
+ * the commit); the time each flush took is in berth_store_stats.  The PostgreSQL
+ * engine, whose server works beside the loop, also sends a batch as soon as 512
+ * writes are queued, so the server applies it while the iteration's other turns
+ * still run (a batch is still one transaction; callbacks still run from the loop).
+ * When a write must
  * be durable before something happens (a user message before its stream is
  * acknowledged), queue it and then berth_store_sync: `done` runs from the loop once
  * the transaction holding everything queued before it committed (or failed, with the

@@ -78,6 +78,13 @@ typedef struct berth_store_vtable {
   void (*settle)(berth_store *s);
   /* The engine's own figures into *out (the generic ones are set). NULL: none. */
   void (*stats)(const berth_store *s, berth_store_stats *out);
+  /* An asynchronous engine, whose server works on a core of its own: a batch is
+   * applied as soon as this many operations are queued, not only when the iteration
+   * ends, so that the server applies it while the loop still runs the iteration's
+   * other turns (else the two take turns: a commit answers a thousand syncs, a
+   * thousand turns run while the server waits, their writes go in one batch, and the
+   * turns wait while it applies them).  0: at the iteration's end only. */
+  size_t eager_ops;
 } berth_store_vtable;
 
 struct berth_store {
@@ -93,6 +100,7 @@ struct berth_store {
   plm_idmap latest;
   uint64_t barrier;
   bool flushing;
+  bool answering;                /* in berth_store_batch_done (its callbacks may write) */
   void *prepare, *idle;          /* ev_prepare, ev_idle (kept opaque here) */
   uint64_t next_order;           /* engines that number records themselves may use it */
   berth_store_stats st;

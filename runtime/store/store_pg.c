@@ -49,6 +49,10 @@
 #define PG_TIMEOUT 10.0
 /* Batches sent and not answered yet, at most (send_unsent says why). */
 #define PG_IN_FLIGHT 16
+/* Operations queued that make a batch before the iteration ends (store_engine.h). */
+#ifndef PG_EAGER_OPS
+#define PG_EAGER_OPS 512
+#endif
 
 /* A key of pg_advisory_xact_lock: migrations of one database run one at a time. */
 #define PG_MIGRATION_LOCK "6652916542964" /* "berth" as a number */
@@ -1155,5 +1159,6 @@ static berth_error *pg_find_message(berth_store *s, const char *id, const char *
 
 const berth_store_vtable berth_store_pg = {
   "postgresql", pg_open, pg_close, pg_apply, pg_get_conv, pg_list_convs,
-  pg_load_messages, pg_read_events, pg_find_message, pg_list_running, pg_settle,
+  pg_load_messages, pg_read_events, pg_find_message, pg_list_running, pg_settle, NULL,
+  PG_EAGER_OPS,
 };

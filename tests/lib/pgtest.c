@@ -178,10 +178,11 @@ static int server_start(pgtest *t)
   char data[100], logp[100], opts[300];
   snprintf(data, sizeof data, "%s/data", t->dir);
   snprintf(logp, sizeof logp, "%s/server.log", t->dir);
-  /* A socket in dir only; fsync on (durability is what the tests are about); small. */
+  /* A socket in dir only; fsync on (durability is what the tests are about); small,
+   * unless the caller asked for more (pgtest_start_sized). */
   snprintf(opts, sizeof opts, "-c listen_addresses='' -c unix_socket_directories='%s' "
-                              "-c fsync=on -c max_connections=40 -c shared_buffers=16MB",
-           t->dir);
+                              "-c fsync=on -c max_connections=40 -c shared_buffers=%s",
+           t->dir, t->shared_buffers);
   char *start[] = {"pg_ctl", "-D", data, "-l", logp, "-w", "-t", "30", "-o", opts, "start",
                    NULL};
   if (run(t, start) != 0 || wait_ready(t) != 0) {
@@ -196,9 +197,15 @@ static int server_start(pgtest *t)
 
 int pgtest_start(pgtest *t)
 {
+  return pgtest_start_sized(t, "16MB");
+}
+
+int pgtest_start_sized(pgtest *t, const char *shared_buffers)
+{
   memset(t, 0, sizeof *t);
   t->guard = -1;
   t->guard_fd = -1;
+  snprintf(t->shared_buffers, sizeof t->shared_buffers, "%s", shared_buffers);
   const char *bin = find_bin();
   if (!bin) {
     fprintf(stderr, "pgtest: no PostgreSQL server binaries\n");

@@ -24,13 +24,17 @@ typedef struct pgtest {
   int guard_fd;                  /* our end of the guard's pipe */
   bool running;
   unsigned dbs;                  /* schemas made by pgtest_fresh_url so far */
+  char shared_buffers[16];       /* the server's shared_buffers setting */
 } pgtest;
 
 /* True when the PostgreSQL server binaries are installed (else the reason in why). */
 bool pgtest_available(char *why, size_t len);
 /* initdb, start, wait until it accepts connections (bounded).  0, or -1 with the reason
- * on stderr. */
+ * on stderr.  The server is small (shared_buffers 16MB): a test's data is. */
 int pgtest_start(pgtest *t);
+/* The same with shared_buffers as given ("128MB": PostgreSQL's own default), for a
+ * benchmark, whose cluster should be sized as a served one is. */
+int pgtest_start_sized(pgtest *t, const char *shared_buffers);
 /* A new empty place for a store: a schema tN of the cluster's database "berth" (a
  * schema, not a database: CREATE DATABASE costs a second with fsync on), its URL in url
  * (postgresql:///berth?host=DIR&user=USER&options=-csearch_path%3DtN).  0 or -1. */
