@@ -159,12 +159,12 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
       return -1;
     snprintf(url, sizeof url, "sqlite:%s/berth.db", path);
   } else if (!strcmp(engine, "postgresql")) {
-    /* PostgreSQL's default shared_buffers, not the tests' 16MB: at 10 000
-     * conversations and more a 16MB cache holds too little of the tables, and no
-     * served cluster runs below the default (it halved the turns/s measured) */
+    /* Sized and placed as a served cluster is: PostgreSQL's default shared_buffers,
+     * not the tests' 16MB (at 10 000 conversations and more that holds too little of
+     * the tables: it halved the turns/s measured); and started unpinned, since its
+     * processes inherit the affinity of the one starting them (a server shares no
+     * core with its client's loop). */
     if (!cluster.running) {
-      /* the server's processes inherit the affinity of the one starting them: not
-       * this loop's CPU (a server shares no core with its client's loop) */
       pin_loop(false);
       int rc = pgtest_start_sized(&cluster, "128MB");
       pin_loop(true);

@@ -6,8 +6,9 @@
  * The flush runs from an ev_prepare watcher: after every callback of an iteration ran
  * and before the loop waits, so everything one iteration wrote shares a transaction
  * (and an fsync) — or, on an engine with an eager bound (PostgreSQL, whose server
- * works beside the loop), a batch goes as soon as that many writes are queued.  Sync callbacks never run inside the flush's caller (a read flushes
- * too, from wherever it is called): they are kept on a list and run from the watcher.
+ * works beside the loop), a batch goes as soon as that many writes are queued.  Sync
+ * callbacks never run inside the flush's caller (a read flushes too, from wherever it
+ * is called): they are kept on a list and run from the watcher.
  */
 #include "store_engine.h"
 #include "xalloc.h"

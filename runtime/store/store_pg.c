@@ -50,9 +50,7 @@
 /* Batches sent and not answered yet, at most (send_unsent says why). */
 #define PG_IN_FLIGHT 16
 /* Operations queued that make a batch before the iteration ends (store_engine.h). */
-#ifndef PG_EAGER_OPS
 #define PG_EAGER_OPS 512
-#endif
 
 /* A key of pg_advisory_xact_lock: migrations of one database run one at a time. */
 #define PG_MIGRATION_LOCK "6652916542964" /* "berth" as a number */
