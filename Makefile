@@ -28,7 +28,7 @@ STORE_LIBS = -lsqlite3 -lpq
 # Debian's chromium with Debian's python3-selenium and chromium-driver: no npm, nothing
 # fetched from a registry other than Debian's).
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
-        libev-dev libssl-dev libjansson-dev libmicrohttpd-dev libseccomp-dev runsc \
+        libev-dev libssl-dev libjansson-dev libjemalloc-dev libmicrohttpd-dev libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
         lua-busted lua-check gnuplot-nox \
         python3-numpy python3-scipy python3-pandas python3-matplotlib libsqlite3-dev sqlite3 \
@@ -58,10 +58,14 @@ HTTPD_OBJ := $(HTTPD_SRC:%.c=$(BUILD)/obj/%.o)
 RT_SRC   := $(sort $(wildcard runtime/core/*.c runtime/models/*.c runtime/store/*.c))
 FACES_SRC := $(sort $(filter-out runtime/faces/main.c,$(wildcard runtime/faces/*.c)))
 FACES_OBJ := $(FACES_SRC:%.c=$(BUILD)/obj/%.o)
+# jemalloc holds the Lua heaps only (runtime/core/contain.c calls mallocx and sdallocx):
+# libc is named before it so that malloc stays glibc's, in our programs as in one that
+# embeds libberth.so, and mallinfo2 still sees the C side.
+HEAP_LIBS  = -lc -ljemalloc
 # What a program that embeds berth links after libberth.a and libplimsoll.a; the
 # berth program's faces add libmicrohttpd (serve) and readline (chat).
-RT_LIBS   = $(LUA_LIBS) $(STORE_LIBS) $(LDLIBS)
-FACES_LIBS = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS)
+RT_LIBS   = $(LUA_LIBS) $(STORE_LIBS) $(LDLIBS) $(HEAP_LIBS)
+FACES_LIBS = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(LDLIBS) $(HEAP_LIBS)
 # (-iquote: a project header never hides a system one, such as providers/seccomp.h.)
 DIR_lib      = -iquote lib
 DIR_httpd    = -iquote httpd
@@ -248,8 +252,8 @@ FUZZ_CFLAGS_fuzz_request = $(SBX_DIRS:%=-iquote %)
 FUZZ_CFLAGS_fuzz_sse = -iquote runtime/core -iquote runtime/models
 FUZZ_CFLAGS_fuzz_scripted = $(DIR_runtime)
 FUZZ_CFLAGS_fuzz_serve = $(DIR_runtime)
-FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
-FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS)
+FUZZ_LIBS_fuzz_scripted = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(HEAP_LIBS)
+FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(HEAP_LIBS)
 build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/inside/*.h)
 build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC) \
                                                 $(wildcard runtime/*/*.h httpd/*.h)

@@ -11,8 +11,9 @@
  *   suspended  after the idle timeout: onSuspend ran (with a daemon, the sandbox is
  *              disposed).
  * Figures per conversation: allocator bytes in use (glibc mallinfo2 uordblks: the C
- * records, the Lua state — whose allocator is malloc — jansson, libplimsoll), of which
- * the Lua state's own bytes, and the RSS growth.  Target: <= 8 KiB (allocator bytes).
+ * records, jansson, libplimsoll; plus the Lua state's own bytes, which live in
+ * jemalloc, runtime/core/contain.c), of which the Lua state's, and the RSS growth.
+ * Target: <= 8 KiB (allocator bytes).
  *
  * Without a daemon, warm answers "Nothing ran" at once; with --sandboxd PATH every
  * conversation also warms a real sandbox in sandboxd (provider echo) during the "one
@@ -89,7 +90,7 @@ static snap take(bench *b)
       resident = 0;
     fclose(f);
   }
-  return (snap){(double)mi.uordblks, (double)st.lua_bytes,
+  return (snap){(double)mi.uordblks + (double)st.lua_bytes, (double)st.lua_bytes,
                 (double)resident * (double)sysconf(_SC_PAGESIZE)};
 }
 
