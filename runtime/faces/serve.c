@@ -158,6 +158,12 @@ struct stream {
   bool started, finished, suspended;
   char *buf;
   size_t len, off, cap;
+  /* Bytes in all: put; of them, whose events are stored, so that they may be sent;
+   * of them, sent and gone from buf (buf holds those after `dropped`). */
+  uint64_t put, released, dropped;
+  uint64_t upto;                 /* in the server's syncing list: what its sync covers */
+  stream *syncing_next, *unsynced_next;
+  bool syncing, unsynced;        /* in those lists (each holds a reference) */
   stream *next;                  /* the conversation's queue, or its followers */
   request *waiting;              /* the POST waiting for its message to be stored */
   bool stored;                   /* (stored before berth_conv_message_durable returned) */
@@ -243,6 +249,10 @@ struct server {
   status_count statuses[24];
   size_t n_statuses;
   uint64_t streams_open;
+  /* Streams with events not stored yet: those the sync in flight covers (up to each
+   * one's `upto`), and those with events put since it was asked for. */
+  stream *syncing, *unsynced;
+  bool events_syncing;
   /* leases: with a shared store (postgresql), one conversation's turns run on one host
    * at a time (docs/many-hosts.md); a host alone on its store (sqlite, memory) needs none */
   bool leases;
@@ -531,8 +541,80 @@ static void stream_wake(stream *st)
   }
 }
 
-/* One event, `id:` its number in the conversation (Last-Event-ID resumes after it). */
-static void stream_put(stream *st, uint64_t seq, const char *event, const char *text)
+/* {------ an event is sent once it is stored
+ * A client that saw an event may resume after it (Last-Event-ID), from the store,
+ * and on another host if this one dies: so the event must be there, or the next one
+ * stored (a turn marked interrupted) would take its number and the client would
+ * skip it.  An event is recorded (queued in the store) before it is put in a
+ * stream, and the stream sends it once a sync after it was answered.  One sync is in
+ * flight for all streams at a time: events put meanwhile wait for the next one (at
+ * most two commits).  A sync that failed releases its events too: the store said
+ * why and keeps trying, and a stream does not wait for a store that may not come
+ * back. */
+
+static void ask_events_sync(server *s);
+
+static void on_events_stored(void *ud, const berth_error *err)
+{
+  (void)err;
+  server *s = ud;
+  s->events_syncing = false;
+  while (s->syncing) {
+    stream *st = s->syncing;
+    s->syncing = st->syncing_next;
+    st->syncing_next = NULL;
+    st->syncing = false;
+    if (st->upto > st->released)
+      st->released = st->upto;
+    stream_wake(st);
+    stream_unref(st);
+  }
+  if (s->unsynced)
+    ask_events_sync(s);
+}
+
+/* The streams with events put since the last sync was asked for: a sync for them. */
+static void ask_events_sync(server *s)
+{
+  while (s->unsynced) {
+    stream *st = s->unsynced;
+    s->unsynced = st->unsynced_next;
+    st->unsynced_next = NULL;
+    st->unsynced = false;
+    st->upto = st->put;
+    if (st->syncing)
+      stream_unref(st);         /* (already in the list: one reference is enough) */
+    else {
+      st->syncing = true;
+      st->syncing_next = s->syncing;
+      s->syncing = st;
+    }
+  }
+  s->events_syncing = true;
+  berth_store_sync(s->store, on_events_stored, s);
+}
+
+/* At exit: what waits for a sync is released, and the lists' references dropped. */
+static void release_streams(server *s)
+{
+  while (s->syncing) {
+    stream *st = s->syncing;
+    s->syncing = st->syncing_next;
+    st->syncing = false;
+    stream_unref(st);
+  }
+  while (s->unsynced) {
+    stream *st = s->unsynced;
+    s->unsynced = st->unsynced_next;
+    st->unsynced = false;
+    stream_unref(st);
+  }
+}
+
+/* One event, `id:` its number in the conversation (Last-Event-ID resumes after it):
+ * `stored`, read from the store; else recorded just now, and sent once stored. */
+static void stream_put(stream *st, uint64_t seq, const char *event, const char *text,
+                       bool stored)
 {
   if (st->finished || !st->conn)  /* (a client gone: the turn goes on unwatched) */
     return;
@@ -541,10 +623,27 @@ static void stream_put(stream *st, uint64_t seq, const char *event, const char *
     st->cap = (st->len + need) * 2;
     st->buf = berth_xrealloc(st->buf, st->cap);
   }
-  st->len += (size_t)sprintf(st->buf + st->len, "id: %llu\nevent: %s\ndata: %s\n\n",
+  size_t n = (size_t)sprintf(st->buf + st->len, "id: %llu\nevent: %s\ndata: %s\n\n",
                              (unsigned long long)seq, event, text);
-  stream_wake(st);
+  st->len += n;
+  st->put += n;
+  if (stored) {
+    st->released = st->put;
+    stream_wake(st);
+    return;
+  }
+  server *s = st->s;
+  if (!st->unsynced) {
+    st->unsynced = true;
+    st->refs++;
+    st->unsynced_next = s->unsynced;
+    s->unsynced = st;
+  }
+  if (!s->events_syncing)
+    ask_events_sync(s);
 }
+
+/* ------} */
 
 static void stream_finish(stream *st)
 {
@@ -556,15 +655,18 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
   (void)pos;
   stream *st = cls;
-  if (st->off < st->len) {
-    size_t n = st->len - st->off < max ? st->len - st->off : max;
+  size_t ready = (size_t)(st->released - st->dropped);  /* in buf, stored: may go */
+  if (st->off < ready) {
+    size_t n = ready - st->off < max ? ready - st->off : max;
     memcpy(buf, st->buf + st->off, n);
     st->off += n;
-    if (st->off == st->len)
+    if (st->off == st->len) {
+      st->dropped += st->len;
       st->off = st->len = 0;
+    }
     return (ssize_t)n;
   }
-  if (st->finished)
+  if (st->finished && st->off == st->len)
     return MHD_CONTENT_READER_END_OF_STREAM;
   if (!st->conn)
     return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -604,9 +706,9 @@ static void conv_event(berth_conv *c, const char *event, json_t *data)
     return;
   stream *st = turn_stream(sc);
   if (st)
-    stream_put(st, seq, event, text);
+    stream_put(st, seq, event, text, false);
   for (stream *f = sc->followers; f; f = f->next)
-    stream_put(f, seq, event, text);
+    stream_put(f, seq, event, text, false);
   free(text);
 }
 
@@ -1442,6 +1544,7 @@ static void wake_streams(void *ud, plm_idmap_node *n)
   (void)ud;
   for (stream *st = PLM_IDMAP_OWNER(n, sconv, node)->head; st; st = st->next) {
     st->finished = true;
+    st->released = st->put;     /* (the store's close stores what is queued) */
     stream_wake(st);
   }
 }
@@ -1643,7 +1746,7 @@ static struct MHD_Response *replay_message(request *q, sconv *sc, const char *mi
     s->streams_open++;
     for (size_t i = 0; i <= end; i++)
       if (ev[i].turn == ev[0].turn)
-        stream_put(st, ev[i].seq, ev[i].kind, ev[i].data);
+        stream_put(st, ev[i].seq, ev[i].kind, ev[i].data, true);
     st->finished = true;
     q->stream = st;
     *status = MHD_HTTP_OK;
@@ -1951,7 +2054,7 @@ static enum MHD_Result do_events(request *q)
   st->refs = 1;                 /* the request's */
   s->streams_open++;
   for (size_t i = 0; i < n; i++)
-    stream_put(st, ev[i].seq, ev[i].kind, ev[i].data);
+    stream_put(st, ev[i].seq, ev[i].kind, ev[i].data, true);
   berth_store_events_free(ev, n);
   sconv *sc = table_find(s, q->id, q->caller);
   if (sc && berth_conv_busy(sc->conv)) {
@@ -2959,6 +3062,7 @@ out:
     ev_timer_stop(s->loop, &s->renew);
   }
   berth_store_free(s->store);   /* after the host: it flushes the last writes */
+  release_streams(s);
   berth_model_free(s->model);
   if (own)
     berth_daemon_stop(&local);
