@@ -47,8 +47,9 @@ static void *checkpointer(void *arg)
 /* After each commit of the store's connection: wakes the thread once the WAL holds
  * enough pages (and it is not already at work).  A WAL starts again from its
  * beginning only when a write begins with every page of it copied: a thread copying
- * while the loop writes without pause may never see that, so past LITE_CKPT_MOST the
- * loop copies what is left itself, as SQLite's automatic checkpoint would have. */
+ * while the writer writes without pause may never see that, so past LITE_CKPT_MOST
+ * the writer copies what is left itself, as SQLite's automatic checkpoint would
+ * have. */
 static int on_wal(void *ud, sqlite3 *db, const char *schema, int frames)
 {
   lite_ckpt *c = ud;

@@ -1,10 +1,10 @@
 /*
- * sqlite_checkpoint.h — the SQLite engine's checkpoints, made off the loop's thread.
+ * sqlite_checkpoint.h — the SQLite engine's checkpoints, made off the writer's thread.
  *
  * In WAL mode every commit appends pages to the -wal file, and a checkpoint copies
  * them back into the database (and syncs it).  SQLite's automatic checkpoint runs
- * inside the commit that crossed its threshold, so one flush of the store, and the
- * loop with it, would wait for a checkpoint of the whole WAL.  Instead the store's
+ * inside the commit that crossed its threshold, so one transaction of the store, and
+ * every sync waiting for it, would wait for a checkpoint of the whole WAL.  Instead the store's
  * connection has automatic checkpoints off, and its WAL hook wakes a thread of this
  * module, which checkpoints PASSIVE on a connection of its own: it copies what no
  * reader needs, never waits for the writer, and the writer never waits for it.  Once
@@ -12,8 +12,9 @@
  * so the file stays near the threshold's size (at most LITE_CKPT_MOST pages and one
  * commit's).
  *
- * Threads: lite_ckpt_start and lite_ckpt_stop from the thread that owns `db`; the
- * WAL hook runs there too (inside its commits).  The checkpoint thread touches only
+ * Threads: lite_ckpt_start and lite_ckpt_stop from the loop's thread, while no one
+ * else uses `db`; the WAL hook runs inside `db`'s commits, on the thread that makes
+ * them (the store's writer, sqlite_writer.h).  The checkpoint thread touches only
  * its own connection and this module's state, under its mutex.
  * Errors: a checkpoint that fails (a full disk) is tried again at the next wake-up;
  * the WAL grows meanwhile and nothing is lost.  lite_ckpt_start fails only when the
@@ -27,7 +28,7 @@
 #include <stdint.h>
 
 /* WAL pages past which a checkpoint is started (SQLite's own default threshold), and
- * past which the loop's thread makes it itself (sqlite_checkpoint.c says when). */
+ * past which the thread that commits makes it itself (sqlite_checkpoint.c says when). */
 #define LITE_CKPT_FRAMES 1000
 #define LITE_CKPT_MOST 8000
 

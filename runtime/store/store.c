@@ -361,21 +361,6 @@ static void requeue_writes(berth_store_batch *b)
     put_back(b, first, last, n);
 }
 
-void berth_store_batch_return(berth_store_batch *b, store_op *after)
-{
-  store_op *first = after->next, *last = first;
-  if (!first)
-    return;
-  size_t n = 1;
-  while (last->next) {
-    last = last->next;
-    n++;
-  }
-  after->next = NULL;
-  put_back(b, first, last, n);
-  b->s->st.returned += n;
-}
-
 void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
 {
   berth_store *s = b->s;
@@ -429,9 +414,9 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   s->answering = answering;
 }
 
-/* Applies up to BERTH_STORE_BATCH_MAX queued operations in one transaction (the
- * engine may apply fewer: berth_store_batch_return).  The
- * error of that transaction, or NULL. */
+/* Applies up to BERTH_STORE_BATCH_MAX queued operations in one transaction (or hands
+ * them to an engine that applies them off the loop).  The error of that transaction,
+ * or NULL. */
 static berth_error *flush_once(berth_store *s)
 {
   if (!s->head)
@@ -453,7 +438,7 @@ static berth_error *flush_once(berth_store *s)
   last->next = NULL;
   s->queued -= b->n;
   /* The engine reports through batch_done, which keeps a copy of its error. */
-  uint64_t failures = s->st.failures, returned = s->st.returned;
+  uint64_t failures = s->st.failures;
   size_t n = b->n;
   double t0 = berth_clock();
   s->flushing = true;
@@ -461,7 +446,7 @@ static berth_error *flush_once(berth_store *s)
   s->flushing = false;
   double took = berth_clock() - t0;
   s->st.flushes++;
-  s->st.ops += n - (size_t)(s->st.returned - returned);
+  s->st.ops += n;
   s->st.flush_seconds_sum += took;
   if (took > s->st.flush_seconds_max)
     s->st.flush_seconds_max = took;

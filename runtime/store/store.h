@@ -22,14 +22,13 @@
  * Writes are queued, never applied on the spot: every write made during one
  * iteration of the loop is applied in ONE transaction just before the loop next
  * waits (an ev_prepare watcher), so a turn never waits for its own fsync and a burst
- * of turns shares one.  A flush applies at most BERTH_STORE_BATCH_MAX operations, and
- * the SQLite engine stops applying once BERTH_STORE_FLUSH_BUDGET passed and commits
- * what it applied; what is left goes in the next iteration.  That bounds how long the
- * loop is held however many conversations write at once (the budget, one operation,
- * the commit); the time each flush took is in berth_store_stats.  The PostgreSQL
- * engine, whose server works beside the loop, also sends a batch as soon as 512
- * writes are queued, so the server applies it while the iteration's other turns
- * still run (a batch is still one transaction; callbacks still run from the loop).
+ * of turns shares one.  A flush takes at most BERTH_STORE_BATCH_MAX operations; the
+ * time each flush held the loop is in berth_store_stats.  Neither SQL engine applies
+ * a batch on the loop's thread: SQLite's hands it to a writer thread of its own
+ * (sqlite_writer.h), which applies every batch handed over meanwhile in one
+ * transaction, and PostgreSQL's server works beside the loop, sent a batch as soon
+ * as 512 writes are queued, so that it applies it while the iteration's other turns
+ * still run.  A batch is still one transaction; callbacks still run from the loop.
  * When a write must
  * be durable before something happens (a user message before its stream is
  * acknowledged), queue it and then berth_store_sync: `done` runs from the loop once
@@ -75,9 +74,7 @@ struct ev_loop;
 
 /* The schema this binary writes; a store at a newer version is refused ("version"). */
 #define BERTH_STORE_SCHEMA 4
-/* How long a flush applies operations before it commits, in seconds, and the most
- * operations one flush applies (the rest wait one loop iteration). */
-#define BERTH_STORE_FLUSH_BUDGET 0.02
+/* The most operations one flush takes (the rest wait one loop iteration). */
 #define BERTH_STORE_BATCH_MAX 4096
 
 typedef enum berth_store_status {
@@ -124,10 +121,10 @@ typedef struct berth_store_event {
 typedef struct berth_store_stats {
   uint64_t flushes, ops, failures;
   uint64_t superseded;           /* records that took a queued one's place (not in ops) */
-  uint64_t returned;             /* operations a flush left for the next (its budget) */
   uint64_t fenced;               /* writes not applied: the lease was another's (fence) */
   uint64_t queued;               /* writes waiting now (kept ones too, while failing) */
-  double flush_seconds_max;      /* the longest one flush held the loop */
+  double flush_seconds_max;      /* the longest one flush held the loop (SQLite's:
+                                    handing the batch to its writer) */
   double flush_seconds_sum;
   uint64_t checkpoints;          /* sqlite: WAL checkpoints made off the loop's thread */
 } berth_store_stats;

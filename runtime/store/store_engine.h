@@ -126,11 +126,6 @@ static inline bool berth_lease_free_for(const char *holder, int64_t expiry_ms,
   return !holder || !*holder || expiry_ms < now_ms || !strcmp(holder, host);
 }
 
-/* Within an apply, before its commit: the batch's operations after `after` are not
- * applied now but go back to the head of the queue, in order, for the next flush (an
- * engine that reached BERTH_STORE_FLUSH_BUDGET).  Their syncs are answered then. */
-void berth_store_batch_return(berth_store_batch *b, store_op *after);
-
 /* The end of an apply: err NULL (committed) or the reason (borrowed).  Runs the sync
  * callbacks of the batch and frees it. */
 void berth_store_batch_done(berth_store_batch *b, const berth_error *err);

@@ -1,8 +1,11 @@
 /*
  * store_sqlite.c — the "sqlite:PATH" engine: one SQLite file (Debian's libsqlite3),
  * in WAL mode with synchronous=FULL, so a committed batch survives a crash of the
- * process and of the machine.  One connection, prepared statements kept; a batch is
- * one IMMEDIATE transaction.
+ * process and of the machine.  One connection, prepared statements kept.  Batches are
+ * applied by the writer thread (sqlite_writer.h), every batch handed over since it
+ * last looked in one IMMEDIATE transaction; the loop's thread reads on the same
+ * connection, once the writer is settled (store.c's read barrier).  Without a loop
+ * there is no writer, and a batch is applied when it is flushed.
  *
  * Schema (version 4; the same tables the PostgreSQL engine uses):
  *   schema_version(version)
@@ -21,6 +24,7 @@
  * v + 1.  A file at a newer version than BERTH_STORE_SCHEMA is refused untouched.
  */
 #include "sqlite_checkpoint.h"
+#include "sqlite_writer.h"
 #include "store_engine.h"
 #include "xalloc.h"
 #include "embed.h"
@@ -136,12 +140,19 @@ static const char *const sql[S_COUNT] = {
   " WHERE lease_holder IS NOT NULL",
 };
 
+/* A batch goes to the writer once this many writes are queued (store_engine.h), so
+ * that it applies them while the loop runs the iteration's other turns. */
+#define LITE_EAGER_OPS 512
+
 typedef struct lite {
   sqlite3 *db;
   char *path;
   sqlite3_stmt *st[S_COUNT];
   lite_ckpt *ckpt;               /* NULL: SQLite's automatic checkpoints */
+  lite_writer *writer;           /* NULL (no loop, or no thread): apply on the caller's */
 } lite;
+
+static berth_error *lite_write(void *ud, lite_job *jobs);
 
 /* An error value for what SQLite said (rc), about the store's file. */
 static berth_error *lite_error(lite *l, int rc, const char *doing)
@@ -175,6 +186,7 @@ static void lite_close(berth_store *s)
   lite *l = s->engine;
   if (!l)
     return;
+  lite_writer_stop(l->writer);   /* (store.c settled it: nothing is left to apply) */
   lite_ckpt_stop(l->ckpt, l->db);
   for (int i = 0; i < S_COUNT; i++)
     sqlite3_finalize(l->st[i]);
@@ -300,6 +312,8 @@ static berth_error *lite_open(berth_store *s, const char *path)
     }
   }
   l->ckpt = lite_ckpt_start(l->db, path);
+  if (s->loop)
+    l->writer = lite_writer_start(s->loop, lite_write, l);
   return NULL;
 fail:
   lite_close(s);
@@ -446,42 +460,54 @@ static int lease_update(lite *l, const store_op *op)
   return run(q);
 }
 
-/* The batch's operations in one transaction, until BERTH_STORE_FLUSH_BUDGET passed:
- * the rest go back to the queue (the loop is held for the budget, not for however
- * many conversations wrote in one iteration). */
-static void lite_apply(berth_store *s, berth_store_batch *b)
+/* The jobs' operations in one transaction, each job's under its fence: on the
+ * writer's thread (sqlite_writer.h), or on the loop's when there is no writer. */
+static berth_error *lite_write(void *ud, lite_job *jobs)
 {
-  lite *l = s->engine;
+  lite *l = ud;
   int rc = run(l->st[S_BEGIN]);
-  double until = berth_clock() + BERTH_STORE_FLUSH_BUDGET;
-  for (store_op *op = b->ops; op && rc == SQLITE_OK; op = op->next) {
-    op->fenced = false;
-    switch (op->kind) {
-      case OP_PUT_CONV: rc = put_conv(l, op, s->fence); break;
-      case OP_PUT_MESSAGES: rc = put_messages(l, op, s->fence); break;
-      case OP_PUT_EVENT: rc = put_event(l, op, s->fence); break;
-      case OP_LEASE_TAKE: rc = lease_take(l, op); break;
-      case OP_LEASE_RENEW:
-      case OP_LEASE_RELEASE:
-      case OP_LEASE_CLEAR: rc = lease_update(l, op); break;
-      case OP_SYNC: break;
+  for (lite_job *j = jobs; j && rc == SQLITE_OK; j = j->next)
+    for (store_op *op = j->batch->ops; op && rc == SQLITE_OK; op = op->next) {
+      op->fenced = false;
+      switch (op->kind) {
+        case OP_PUT_CONV: rc = put_conv(l, op, j->fence); break;
+        case OP_PUT_MESSAGES: rc = put_messages(l, op, j->fence); break;
+        case OP_PUT_EVENT: rc = put_event(l, op, j->fence); break;
+        case OP_LEASE_TAKE: rc = lease_take(l, op); break;
+        case OP_LEASE_RENEW:
+        case OP_LEASE_RELEASE:
+        case OP_LEASE_CLEAR: rc = lease_update(l, op); break;
+        case OP_SYNC: break;
+      }
     }
-    if (rc == SQLITE_OK && op->next && berth_clock() > until) {
-      berth_store_batch_return(b, op);
-      break;
-    }
-  }
   if (rc == SQLITE_OK)
     rc = run(l->st[S_COMMIT]);
-  if (rc == SQLITE_OK) {
-    berth_store_batch_done(b, NULL);
-    return;
-  }
+  if (rc == SQLITE_OK)
+    return NULL;
   berth_error *e = lite_error(l, rc, "writing");
   if (!sqlite3_get_autocommit(l->db))
     run(l->st[S_ROLLBACK]);
+  return e;
+}
+
+static void lite_apply(berth_store *s, berth_store_batch *b)
+{
+  lite *l = s->engine;
+  if (l->writer) {
+    lite_writer_submit(l->writer, b, s->fence);
+    return;
+  }
+  lite_job j = {NULL, b, s->fence, NULL};
+  berth_error *e = lite_write(l, &j);
   berth_store_batch_done(b, e);
   berth_error_free(e);
+}
+
+static void lite_settle(berth_store *s)
+{
+  lite *l = s->engine;
+  if (l->writer)
+    lite_writer_settle(l->writer);
 }
 
 /* }====================================================== */
@@ -675,5 +701,5 @@ static void lite_stats(const berth_store *s, berth_store_stats *out)
 const berth_store_vtable berth_store_sqlite = {
   "sqlite", lite_open, lite_close, lite_apply, lite_get_conv, lite_list_convs,
   lite_load_messages, lite_read_events, lite_find_message, lite_list_running,
-  NULL, lite_stats,
+  lite_settle, lite_stats, LITE_EAGER_OPS,
 };
