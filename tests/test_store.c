@@ -1145,6 +1145,56 @@ static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state
   berth_store_events_free(ev, n);
 }
 
+/* Answers are called at most BERTH_STORE_ANSWERS_PER_ITERATION per loop iteration,
+ * the rest in the next ones, in the order of their syncs (store.h): 3 times that many
+ * syncs answered by one commit take at least 3 iterations. */
+typedef struct answers {
+  int calls, out_of_order;
+} answers;
+
+typedef struct answer_slot {
+  answers *a;
+  int index;
+} answer_slot;
+
+static void on_answer(void *ud, const berth_error *err)
+{
+  answer_slot *slot = ud;
+  if (err || slot->index != slot->a->calls)
+    slot->a->out_of_order++;
+  slot->a->calls++;
+}
+
+static void test_answers_per_iteration_are_bounded(void **state)
+{
+  fixture *f = *state;
+  enum { N = 3 * BERTH_STORE_ANSWERS_PER_ITERATION };
+  answers a = {0, 0};
+  answer_slot *slots = calloc(N, sizeof *slots);
+  for (int i = 0; i < N; i++) {
+    berth_store_put_event(f->s, "answered", (uint64_t)i + 1, 1, "delta", "\"x\"");
+    slots[i] = (answer_slot){&a, i};
+    berth_store_sync(f->s, on_answer, &slots[i]);
+  }
+  ev_timer deadline;
+  ev_timer_init(&deadline, on_deadline, 15.0, 0.0);
+  ev_timer_start(f->loop, &deadline);
+  int most = 0, iterations = 0;
+  while (a.calls < N && ev_is_active(&deadline)) {
+    int before = a.calls;
+    ev_run(f->loop, EVRUN_ONCE);
+    iterations++;
+    if (a.calls - before > most)
+      most = a.calls - before;
+  }
+  ev_timer_stop(f->loop, &deadline);
+  free(slots);
+  assert_int_equal(a.calls, N);
+  assert_int_equal(a.out_of_order, 0);
+  assert_true(most > 0 && most <= BERTH_STORE_ANSWERS_PER_ITERATION);
+  assert_true(iterations >= 3);
+}
+
 /* SQLite's batches are applied on the store's writer thread (sqlite_writer.h): the
  * loop goes on meanwhile.  Another connection holds the file's write lock, so the
  * writer cannot commit; a timer of the loop finds the sync unanswered, and only then
@@ -1820,6 +1870,7 @@ int main(void)
     BOTH(test_lease_release_frees_it),
     BOTH(test_lease_takeover_marks_that_turn_interrupted),
     BOTH(test_find_message_by_id),
+    BOTH(test_answers_per_iteration_are_bounded),
     LITE(test_sqlite_version_1_is_migrated_to_2),
     LITE(test_sqlite_version_2_is_migrated_to_3),
     LITE(test_sqlite_version_3_is_migrated_to_4),
@@ -1859,6 +1910,7 @@ int main(void)
     PG(test_pg_ill_formed_utf8_is_stored_not_refused),
     PG(test_pg_two_handles_see_each_others_writes),
     PG(test_pg_a_long_iteration_sends_batches_before_it_ends),
+    PG(test_answers_per_iteration_are_bounded),
   };
   failed += cmocka_run_group_tests(postgresql, pg_group_setup, pg_group_teardown);
   return failed;

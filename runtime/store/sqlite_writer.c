@@ -41,8 +41,20 @@ static void *writer(void *arg)
       pthread_cond_wait(&w->work, &w->mu);
     if (!w->todo)
       break;                    /* stopped, nothing left */
-    lite_job *jobs = w->todo, *last = w->todo_tail;
-    w->todo = w->todo_tail = NULL;
+    /* Batches up to LITE_WRITER_GROUP operations (one at least) make a transaction:
+     * a backlog is committed, and its syncs answered, in parts, so that the turns
+     * waiting for them start a part at a time (not all the conversations' at once,
+     * each with its coroutine alive in the Lua state until its turn ends). */
+    lite_job *jobs = w->todo, *last = jobs;
+    size_t ops = jobs->batch->n;
+    while (last->next && ops + last->next->batch->n <= LITE_WRITER_GROUP) {
+      last = last->next;
+      ops += last->batch->n;
+    }
+    w->todo = last->next;
+    if (!w->todo)
+      w->todo_tail = NULL;
+    last->next = NULL;
     w->busy = true;
     pthread_mutex_unlock(&w->mu);
     berth_error *e = w->write(w->ud, jobs);

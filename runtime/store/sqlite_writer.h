@@ -5,8 +5,9 @@
  * µs a turn at 10 000 conversations.  Done in the loop's ev_prepare, the loop waited
  * for it, and the host's turns and the store's writes took turns on one core.  Here
  * the loop hands each batch over and goes on; a thread applies what was handed over
- * since it last looked, all of it in one transaction (one WAL sync for as many
- * batches as the loop made meanwhile), and the loop ends the batches
+ * since it last looked in one transaction (one WAL sync for as many batches as the
+ * loop made meanwhile, up to LITE_WRITER_GROUP operations), and the loop ends the
+ * batches
  * (berth_store_batch_done) when the thread says so, through an ev_async.  A batch is
  * still all or nothing: its transaction commits all of it or none, and a failed one
  * fails every batch in it, each kept to be tried again (store.c).
@@ -25,6 +26,10 @@
 #include <ev.h>
 
 #include "store_engine.h"
+
+/* The most operations of one transaction, when more batches wait: the batches are
+ * taken whole, in order, and the first one whatever its size. */
+#define LITE_WRITER_GROUP 4096
 
 /* A batch handed over, with the fence it was made under (store.h, berth_store_fence). */
 typedef struct lite_job {

@@ -479,10 +479,18 @@ berth_error *berth_store_flush(berth_store *s)
   return last;
 }
 
-static void run_dones(berth_store *s)
+/* Calls the answered callbacks in order, at most *budget of them (the rest wait for
+ * the next iteration).  A sync's callback starts a turn: an engine that commits off
+ * the loop (SQLite's writer, PostgreSQL's server) may answer the messages of every
+ * conversation at once, and unbounded, all their turns would start in one iteration,
+ * each with its coroutine alive in the Lua state until it ends (100 000 of them past
+ * the state's memory cap).  A bounded number per iteration lets the turns already
+ * running end as new ones start. */
+static void run_dones(berth_store *s, size_t *budget)
 {
   store_watchers *w = W(s);
-  while (w->dones) {
+  while (w->dones && *budget) {
+    --*budget;
     pending_done *d = w->dones;
     w->dones = d->next;
     if (!w->dones)
@@ -507,18 +515,22 @@ static void on_prepare(struct ev_loop *loop, ev_prepare *pw, int revents)
   (void)revents;
   berth_store *s = pw->data;
   store_watchers *w = W(s);
+  size_t budget = BERTH_STORE_ANSWERS_PER_ITERATION;
   for (int round = 0; round < 2; round++) {
     if (s->head && s->failing && berth_clock() < s->retry_at)
       break;                    /* the retry timer takes it */
     if (s->head)
       berth_error_free(flush_once(s));
-    run_dones(s);
+    run_dones(s, &budget);
     if (!s->head)
       break;
   }
-  run_dones(s);
+  run_dones(s, &budget);
   if (s->head && s->failing) {
-    idle_stop(s);
+    if (w->dones)
+      idle_start(s);            /* (answers left over: the next iteration's) */
+    else
+      idle_stop(s);
     if (!ev_is_active(&w->retry)) {
       double in = s->retry_at - berth_clock();
       ev_timer_set(&w->retry, in > 0 ? in : 0., 0.);

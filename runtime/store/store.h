@@ -76,6 +76,11 @@ struct ev_loop;
 #define BERTH_STORE_SCHEMA 4
 /* The most operations one flush takes (the rest wait one loop iteration). */
 #define BERTH_STORE_BATCH_MAX 4096
+/* The most sync (and lease) callbacks called in one loop iteration; the rest are
+ * called in the next ones, in order.  A sync's callback starts a turn, and an engine
+ * that commits off the loop may answer every conversation's message at once: this
+ * lets the turns already running end while new ones start. */
+#define BERTH_STORE_ANSWERS_PER_ITERATION 1024
 
 typedef enum berth_store_status {
   BERTH_STORE_OPEN,              /* between turns, or running one */
