@@ -49,14 +49,17 @@ static void *checkpointer(void *arg)
  * beginning only when a write begins with every page of it copied: a thread copying
  * while the writer writes without pause may never see that, so past LITE_CKPT_MOST
  * the writer copies what is left itself, as SQLite's automatic checkpoint would
- * have. */
+ * have.  It does so in RESTART mode: a PASSIVE checkpoint gives up at once while the
+ * thread's is running, and the WAL then grew past its bound; RESTART waits for that
+ * one (the connection's busy timeout), copies the rest, and lets the next commit
+ * start the WAL from its beginning.  Only the writer's thread waits, not the loop. */
 static int on_wal(void *ud, sqlite3 *db, const char *schema, int frames)
 {
   lite_ckpt *c = ud;
   if (frames < LITE_CKPT_FRAMES)
     return SQLITE_OK;
   if (frames >= LITE_CKPT_MOST) {
-    sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
     return SQLITE_OK;
   }
   pthread_mutex_lock(&c->mu);
