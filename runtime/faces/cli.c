@@ -1235,6 +1235,13 @@ static int cmd_chat(int argc, char **argv)
   if (c.history && write_history(c.history) == 0)
     history_truncate_file(c.history, HISTORY_LINES);
   status = c.interrupted ? 130 : berth_host_errors(c.h) ? 1 : 0;
+  /* What the store still owes an answer (a suspend's commit, after which the ctx
+   * leaves the Lua heap) is answered now: a store that closes drops its answers, and
+   * the memory their callbacks would free.  (One iteration: the store's prepare.) */
+  if (store) {
+    berth_error_free(berth_store_flush(store));
+    ev_run(loop, EVRUN_NOWAIT);
+  }
 out:
   if (c.conv)
     berth_conv_free(c.conv);
