@@ -163,7 +163,7 @@ struct stream {
   uint64_t put, released, dropped;
   uint64_t upto;                 /* in the server's syncing list: what its sync covers */
   stream *syncing_next, *unsynced_next;
-  bool syncing, unsynced;        /* in those lists (each holds a reference) */
+  bool unsynced;                 /* in that list (each list holds a reference) */
   stream *next;                  /* the conversation's queue, or its followers */
   request *waiting;              /* the POST waiting for its message to be stored */
   bool stored;                   /* (stored before berth_conv_message_durable returned) */
@@ -250,9 +250,9 @@ struct server {
   size_t n_statuses;
   uint64_t streams_open;
   /* Streams with events not stored yet: those the sync in flight covers (up to each
-   * one's `upto`), and those with events put since it was asked for. */
+   * one's `upto`; not empty while that sync is in flight), and those with events put
+   * since it was asked for. */
   stream *syncing, *unsynced;
-  bool events_syncing;
   /* leases: with a shared store (postgresql), one conversation's turns run on one host
    * at a time (docs/many-hosts.md); a host alone on its store (sqlite, memory) needs none */
   bool leases;
@@ -558,12 +558,10 @@ static void on_events_stored(void *ud, const berth_error *err)
 {
   (void)err;
   server *s = ud;
-  s->events_syncing = false;
   while (s->syncing) {
     stream *st = s->syncing;
     s->syncing = st->syncing_next;
     st->syncing_next = NULL;
-    st->syncing = false;
     if (st->upto > st->released)
       st->released = st->upto;
     stream_wake(st);
@@ -573,7 +571,9 @@ static void on_events_stored(void *ud, const berth_error *err)
     ask_events_sync(s);
 }
 
-/* The streams with events put since the last sync was asked for: a sync for them. */
+/* The streams with events put since the last sync was asked for: a sync for them.
+ * Called only while no sync is in flight, so the syncing list is empty and each
+ * stream's reference moves from one list to the other. */
 static void ask_events_sync(server *s)
 {
   while (s->unsynced) {
@@ -582,15 +582,9 @@ static void ask_events_sync(server *s)
     st->unsynced_next = NULL;
     st->unsynced = false;
     st->upto = st->put;
-    if (st->syncing)
-      stream_unref(st);         /* (already in the list: one reference is enough) */
-    else {
-      st->syncing = true;
-      st->syncing_next = s->syncing;
-      s->syncing = st;
-    }
+    st->syncing_next = s->syncing;
+    s->syncing = st;
   }
-  s->events_syncing = true;
   berth_store_sync(s->store, on_events_stored, s);
 }
 
@@ -600,7 +594,6 @@ static void release_streams(server *s)
   while (s->syncing) {
     stream *st = s->syncing;
     s->syncing = st->syncing_next;
-    st->syncing = false;
     stream_unref(st);
   }
   while (s->unsynced) {
@@ -639,7 +632,7 @@ static void stream_put(stream *st, uint64_t seq, const char *event, const char *
     st->unsynced_next = s->unsynced;
     s->unsynced = st;
   }
-  if (!s->events_syncing)
+  if (!s->syncing)              /* (no sync in flight) */
     ask_events_sync(s);
 }
 
