@@ -2,6 +2,7 @@
 # both start by installing missing Debian packages (`make deps`, quiet when all are there).
 
 CC       ?= cc
+CXX      ?= c++
 PREFIX   ?= /usr/local
 BUILD    ?= build
 OPT      ?= -O2 -g
@@ -16,9 +17,13 @@ endif
 # -MMD -MP: each object depends on the headers it really includes (build/obj/**/*.d).
 CPPFLAGS += -D_GNU_SOURCE -MMD -MP
 CFLAGS   += -std=c11 $(OPT) $(WARN) -fPIC
+# C++ only where a library is C++ (lib/json_read.cc, simdjson): no exceptions cross it.
+CXXFLAGS += -std=c++17 $(OPT) $(filter-out -Wstrict-prototypes,$(WARN)) -fPIC -fno-exceptions -fno-rtti
 LIBDEPS   = libcurl jansson openssl
 PKGLIBS   = $(shell pkg-config --libs $(LIBDEPS) 2>/dev/null)
-LDLIBS   += $(PKGLIBS) -lev -lm
+# simdjson reads the daemon's answers (lib/json_read.cc); it needs the C++ runtime.
+JSON_READ_LIBS = -lsimdjson -lstdc++
+LDLIBS   += $(PKGLIBS) $(JSON_READ_LIBS) -lev -lm
 MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 PQ_CFLAGS = $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
 # The conversation stores' engines (runtime/store/): SQLite and PostgreSQL's libpq.
@@ -28,14 +33,16 @@ STORE_LIBS = -lsqlite3 -lpq
 # Debian's chromium with Debian's python3-selenium and chromium-driver: no npm, nothing
 # fetched from a registry other than Debian's).
 DEPS := build-essential pkg-config liblua5.4-dev lua5.4 lua-cjson libcurl4-openssl-dev \
-        libev-dev libssl-dev libjansson-dev libjemalloc-dev libmicrohttpd-dev libseccomp-dev runsc \
+        libev-dev libssl-dev libjansson-dev libsimdjson-dev libjemalloc-dev libmicrohttpd-dev \
+        libseccomp-dev runsc \
         bubblewrap python3 nodejs libcmocka-dev valgrind clang libclang-rt-14-dev openssl \
         lua-busted lua-check gnuplot-nox \
         python3-numpy python3-scipy python3-pandas python3-matplotlib libsqlite3-dev sqlite3 \
         libpq-dev postgresql chromium python3-selenium chromium-driver libreadline-dev tmux haproxy
 
 LIB_SRC  := $(sort $(wildcard lib/*.c))
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_CXX_SRC := $(sort $(wildcard lib/*.cc))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CXX_SRC:%.cc=$(BUILD)/obj/%.o)
 # sandboxd/: server/ (HTTP, RPC, sessions, config), providers/ (gvisor, bwrap, process,
 # echo and what the real ones share), inside/ (the supervisor and the kernels).
 SBX_DIRS := sandboxd/server sandboxd/providers sandboxd/inside
@@ -60,8 +67,12 @@ FACES_SRC := $(sort $(filter-out runtime/faces/main.c,$(wildcard runtime/faces/*
 FACES_OBJ := $(FACES_SRC:%.c=$(BUILD)/obj/%.o)
 # jemalloc holds the Lua heaps only (runtime/core/contain.c calls mallocx and sdallocx):
 # libc is named before it so that malloc stays glibc's, in our programs as in one that
-# embeds libberth.so, and mallinfo2 still sees the C side.
-HEAP_LIBS  = -lc -ljemalloc
+# embeds libberth.so, and mallinfo2 still sees the C side.  libstdc++ (simdjson's, in
+# libplimsoll) is named before it too, and kept even where nothing here calls it:
+# Debian's jemalloc also defines C++'s operator new and delete, and its delete frees
+# with glibc's free, so a process that found jemalloc's operators first (a C program
+# on libberth.so, whose libstdc++ came later) freed jemalloc's memory with glibc.
+HEAP_LIBS  = -lc -Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state -ljemalloc
 # What a program that embeds berth links after libberth.a and libplimsoll.a; the
 # berth program's faces add libmicrohttpd (serve) and readline (chat).
 RT_LIBS   = $(LUA_LIBS) $(STORE_LIBS) $(LDLIBS) $(HEAP_LIBS)
@@ -92,6 +103,7 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # Keep intermediate objects: test programs share them, and builds may overlap.
 .SECONDARY:
 
+.DEFAULT_GOAL := all
 FORCE:
 .PHONY: FORCE all deps test demo bench install uninstall clean check-asan check-valgrind fuzz
 RT_TARGETS := $(if $(wildcard runtime/faces/main.c),$(BUILD)/libberth.a $(BUILD)/libberth.so \
@@ -114,6 +126,9 @@ dir_of = $(or $(DIR_$(word 1,$(subst /, ,$1))/$(word 2,$(subst /, ,$1))),$(DIR_$
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(call dir_of,$*) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(call dir_of,$*) $(CXXFLAGS) -c $< -o $@
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
@@ -167,9 +182,11 @@ $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 
 # Only the public API leaves the shared library: a version script lists every plm_
 # function the public headers declare, and curl_ev.h's (the curl-on-libev driver that
-# libberth's model client shares) and idmap.h's (the one id hash table); the rest of
-# lib/ (internal.h) stays local.
-$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h lib/idmap.h
+# libberth's model client shares), idmap.h's (the one id hash table) and json_text.h's
+# (the one JSON reader and writer of the wire, sandboxd's too); the rest of lib/
+# (internal.h) stays local.
+$(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h lib/idmap.h \
+                       lib/json_text.h
 	@mkdir -p $(dir $@)
 	@{ echo '{ global:'; grep -ohE '\bplm_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
 	   sed 's/$$/;/'; echo 'local: *; };'; } > $@
@@ -222,7 +239,7 @@ bench: deps
 # runtime comes from libclang-rt-14-dev).  Daemons the tests start are built the same way.
 SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT="-O1 -g $(SAN)" \
+	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang CXX=clang++ OPT="-O1 -g $(SAN)" \
 	  LDFLAGS="$(SAN)" all tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) \
@@ -257,10 +274,13 @@ FUZZ_LIBS_fuzz_serve = $(LUA_LIBS) $(MHDLIBS) $(STORE_LIBS) $(RL_LIBS) $(HEAP_LI
 build-fuzz/fuzz_frames: $(FUZZ_SRCS_fuzz_frames) $(wildcard sandboxd/inside/*.h)
 build-fuzz/fuzz_scripted build-fuzz/fuzz_serve: $(RT_SRC) $(FACES_SRC) $(HTTPD_SRC) \
                                                 $(wildcard runtime/*/*.h httpd/*.h)
-build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
+# (No vptr check: UBSan's needs its C++ runtime, which a link by the C driver lacks.)
+build-fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(LIB_CXX_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -iquote lib $(FUZZ_CFLAGS_$*) \
-	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) -lev -lm
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize=vptr -D_GNU_SOURCE -iquote lib \
+	  $(FUZZ_CFLAGS_$*) \
+	  -o $@ $< $(FUZZ_SRCS_$*) $(LIB_SRC) $(LIB_CXX_SRC) $(PKGLIBS) $(FUZZ_LIBS_$*) \
+	  $(JSON_READ_LIBS) -lev -lm
 
 # Inputs kept in tests/fuzz/regressions/<name> (crashes found before) seed the run too.
 # A crash is copied there, so that once fixed it stays a regression input `make test`

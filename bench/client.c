@@ -187,8 +187,17 @@ static void bench_end_to_end(json_t *rows, size_t n, int iters)
     free(code);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* --end-to-end N: only the calls through sandboxd, N bytes of code, for a profiler */
+    if (argc == 3 && strcmp(argv[1], "--end-to-end") == 0) {
+        plm_global_init();
+        size_t n = strtoul(argv[2], NULL, 10);
+        json_t *rows = json_array();
+        bench_end_to_end(rows, n, n >= (1u << 20) ? 50 : 2000);
+        json_decref(rows);
+        return 0;
+    }
     plm_global_init();
     json_t *out = bj_new("client"), *verify = json_array(), *e2e = json_array();
     bj_param(out, "rounds", json_integer(5));

@@ -115,8 +115,9 @@ plm_error *plm_client_new(struct ev_loop *loop, const plm_client_options *o, plm
     c->project_grant = plm_strdup(o->project_grant_profile);
     plm_http_config cfg = {base, c->token, o->ca_file, c->timeout_ms};
     c->http = c->loop ? plm_http_new(c->loop, &cfg) : NULL;
+    c->reader = plm_json_reader_new();
     free(base);
-    if (!c->http) {
+    if (!c->http || !c->reader) {
         plm_client_free(c);
         return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "plimsoll: cannot set up the transport");
     }
@@ -129,6 +130,7 @@ void plm_client_free(plm_client *c)
     if (!c)
         return;
     plm_http_free(c->http);
+    plm_json_reader_free(c->reader);
     if (c->own_loop && c->loop)
         ev_loop_destroy(c->loop);
     if (c->token) /* the bearer does not linger in freed memory */
@@ -147,6 +149,7 @@ struct ev_loop *plm_client_loop(plm_client *c)
 /* ---------------------------------------------------------------- one RPC */
 
 typedef struct rpc {
+    plm_client *c;
     const char *method;
     plm_rpc_cb cb;
     void *ud;
@@ -223,8 +226,7 @@ static void rpc_done(void *ud, plm_exchange *x)
                           "followed; the call may have run", r->method, x->status);
     } else {
         /* An empty body is {}; a body that is not JSON is "no body". */
-        body = x->body_len == 0 ? json_object()
-                                : json_loadb(x->body, x->body_len, JSON_ALLOW_NUL | JSON_DECODE_ANY, NULL);
+        body = x->body_len == 0 ? json_object() : plm_json_read(r->c->reader, x->body, x->body_len, 0);
         if (x->status < 200 || x->status >= 300) {
             err = error_from_wire(r->method, x->status, body, x->bound, x->header_mark);
         } else if (!x->bound) {
@@ -257,13 +259,14 @@ plm_error *plm_rpc(plm_client *c, const char *method, const json_t *req, plm_can
     plm_error *e = plm_check_cancel(cancel, method);
     if (e)
         return e;
-    char *body = json_dumps(req, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *body = plm_json_write(req, NULL);
     rpc *r = calloc(1, sizeof *r);
     if (!body || !r) {
         free(body);
         free(r);
         return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_REQUEST, "plimsoll: %s: out of memory", method);
     }
+    r->c = c;
     r->method = method;
     r->cb = cb;
     r->ud = ud;

@@ -4,6 +4,7 @@
 #ifndef PLIMSOLL_INTERNAL_H
 #define PLIMSOLL_INTERNAL_H
 
+#include "json_text.h"
 #include "plimsoll.h"
 
 #include <stdarg.h>
@@ -122,13 +123,15 @@ typedef struct plm_listener {
 void plm_cancel_listen(plm_cancel *c, plm_listener *l);
 void plm_cancel_unlisten(plm_listener *l);
 
+
 /* ---- transport (transport.c): one Connect unary exchange over libcurl multi on libev */
 typedef struct plm_http plm_http;
 typedef struct plm_exchange {
     /* outcome, valid in the done callback */
     plm_error *transport_err;   /* set when no HTTP answer was read */
     long status;
-    char *body;                 /* NUL-terminated */
+    char *body;                 /* NUL-terminated; unless empty, PLM_JSON_PADDING more
+                                   bytes follow (for plm_json_read) */
     size_t body_len;
     bool bound;                 /* exactly our Plimsoll-Request-Id came back */
     plm_refusal header_mark;    /* Plimsoll-Not-Dispatched, NONE when absent/unknown */
@@ -155,6 +158,7 @@ struct plm_client {
     struct ev_loop *loop;
     bool own_loop;
     plm_http *http;
+    plm_json_reader *reader;    /* the answers' */
     char *token, *js_grant, *project_grant;
     long timeout_ms;
 };

@@ -72,9 +72,10 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
         t->too_large = true;
         return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
     }
-    if (t->len + n + 1 > t->cap) {
+    size_t need = t->len + n + 1 + PLM_JSON_PADDING; /* the reader's padding */
+    if (need > t->cap) {
         size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + n + 1)
+        while (cap < need)
             cap *= 2;
         char *nb = realloc(t->buf, cap);
         if (!nb)

@@ -1,0 +1,57 @@
+/*
+ * json_text.h — JSON text in and out of jansson values, at memory speed: the one
+ * reader and writer of the plimsoll wire, for the client (lib/client.c) and sandboxd
+ * (sandboxd/server/http.c).  Internal: not part of plimsoll.h, not installed;
+ * exported from libplimsoll like idmap.h, so the project has one.
+ *
+ * Why not jansson's own: json_loadb and json_dumps take a character at a time.  On a
+ * cell with 32 KiB of code they cost the client 600 µs and 255 µs of a call that now
+ * costs under 300 µs in all (docs/wire.md §4).  jansson stays the values: only the
+ * text is done here.
+ *
+ * The reader (json_read.cc) is simdjson.  It accepts exactly what json_loadb with
+ * JSON_ALLOW_NUL | JSON_DECODE_ANY accepts, and gives equal values of the same types,
+ * except that it refuses every text with a raw U+0000 byte (jansson takes one after a
+ * number or a literal; that is not JSON).  The writer (json_write.c) gives the bytes
+ * json_dumps(JSON_COMPACT | JSON_ENCODE_ANY) gives, for values whose strings are
+ * well-formed UTF-8 (as json_string makes them; it does not check them again).
+ * tests/test_json_read.c and tests/fuzz/fuzz_json.c hold both to jansson.
+ *
+ * Threads: a reader is used by one thread at a time; the writer has no state.
+ * Errors: NULL, for text that is not JSON, for nesting past 2048 levels, and for
+ * memory that ran out; nothing is printed.
+ */
+#ifndef PLIMSOLL_JSON_TEXT_H
+#define PLIMSOLL_JSON_TEXT_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Readable bytes a text must have after its end (of any content): the reader loads
+ * 64 bytes at a time and never copies the text to pad it. */
+#define PLM_JSON_PADDING 64
+/* A key twice in one object refuses the text (json_loadb's JSON_REJECT_DUPLICATES);
+ * without it the later value stands. */
+#define PLM_JSON_REJECT_DUPLICATES 1
+
+/* A reader keeps its parser's buffers between texts, up to 256 KiB of text; a
+ * larger one is read with buffers of its own, freed after. */
+typedef struct plm_json_reader plm_json_reader;
+plm_json_reader *plm_json_reader_new(void);   /* NULL: out of memory */
+void plm_json_reader_free(plm_json_reader *r);
+/* The value `text` holds (len bytes, then PLM_JSON_PADDING readable bytes), a new
+ * reference; or NULL. */
+json_t *plm_json_read(plm_json_reader *r, const char *text, size_t len, int flags);
+
+/* A malloc'd NUL-terminated text, its length in *len when len is not NULL; or NULL. */
+char *plm_json_write(const json_t *v, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
