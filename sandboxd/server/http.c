@@ -20,6 +20,7 @@
 #include "http.h"
 
 #include "config.h"
+#include "json_text.h"
 #include "connguard.h"
 #include "listener.h"
 #include "mhd_ev.h"
@@ -57,6 +58,7 @@ struct sbx_http {
     ev_tstamp refused_logged_at;
     unsigned port;
     httpd_mhd mhd;                 /* MHD on the loop (mhd_ev.h) */
+    plm_json_reader *reader;       /* the bodies' (json_text.h) */
     bool quiesced;
     size_t active;                 /* calls MHD still holds (answer not sent yet) */
     void (*idle_cb)(void *ud);
@@ -137,7 +139,7 @@ static void common_headers(sbx_call *c, struct MHD_Response *r)
 
 static struct MHD_Response *json_response(sbx_call *c, json_t *body)
 {
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = plm_json_write(body, NULL);
     json_decref(body);
     if (!text)
         text = sbx_xstrdup("{\"code\":\"internal\",\"message\":\"cannot encode the answer\"}");
@@ -355,7 +357,7 @@ static bool take_body(sbx_call *c, const char *data, size_t n)
         c->cap = c->len + n > 2 * c->cap ? c->len + n : 2 * c->cap;
         if (c->cap > max)
             c->cap = max;
-        c->body = sbx_xrealloc(c->body, c->cap + 1);
+        c->body = sbx_xrealloc(c->body, c->cap + 1 + PLM_JSON_PADDING); /* the reader's */
     }
     memcpy(c->body + c->len, data, n);
     c->len += n;
@@ -377,15 +379,24 @@ static sbx_err *parse_body(sbx_call *c)
         c->json = json_object();
         return NULL;
     }
-    json_error_t jerr;
     /* Program output and code may hold NUL (\u0000); duplicate names are ambiguous. */
-    c->json = json_loadb(c->body, c->len, JSON_ALLOW_NUL | JSON_DECODE_ANY | JSON_REJECT_DUPLICATES,
-                         &jerr);
-    if (!c->json)
+    c->json = plm_json_read(c->h->reader, c->body, c->len, PLM_JSON_REJECT_DUPLICATES);
+    if (!c->json) {
+        /* What is wrong and where, from jansson: a refused body is rare, and its
+         * answer reads as it did before.  The one text jansson takes and the reader
+         * refuses holds a raw U+0000 byte (json_text.h): that is named instead. */
+        json_error_t jerr;
+        json_t *v = json_loadb(c->body, c->len, JSON_ALLOW_NUL | JSON_DECODE_ANY |
+                               JSON_REJECT_DUPLICATES, &jerr);
+        bool raw_nul = v != NULL;
+        json_decref(v);
+        const char *nul = memchr(c->body, 0, c->len);
         return before_handler(sbx_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
                                           "the body is not valid JSON (%s at byte %d); nothing ran",
-                                          jerr.text, jerr.position),
+                                          raw_nul ? "a raw U+0000 byte" : jerr.text,
+                                          raw_nul && nul ? (int)(nul - c->body) : jerr.position),
                               "request");
+    }
     if (!json_is_object(c->json))
         return before_handler(sbx_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_NONE,
                                           "the body is not a JSON object; nothing ran"),
@@ -536,8 +547,15 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
     h->routes = routes;
     h->n_routes = n_routes;
     h->app = app;
+    h->reader = plm_json_reader_new();
+    if (!h->reader) {
+        *why = sbx_xstrdup("out of memory");
+        free(h);
+        return NULL;
+    }
     int listen_fd = sbx_listen_bind(cfg->listen_host, cfg->listen_port, &h->port, why);
     if (listen_fd < 0) {
+        plm_json_reader_free(h->reader);
         free(h);
         return NULL;
     }
@@ -563,6 +581,7 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
             MHD_stop_daemon(h->daemon);
         connguard_free(h->guard);
         close(listen_fd);
+        plm_json_reader_free(h->reader);
         free(h);
         return NULL;
     }
@@ -607,5 +626,6 @@ void sbx_http_free(sbx_http *h)
     sbx_listener_free(h->listener);
     MHD_stop_daemon(h->daemon); /* closes the connections, each with its completed notice */
     connguard_free(h->guard);
+    plm_json_reader_free(h->reader);
     free(h);
 }
