@@ -1021,6 +1021,47 @@ static void test_D05_malformed_envelopes_and_payloads_are_invalid_argument(void 
                                         "\"javascript\": {\"code\": \"1\"}}"));
 }
 
+/* A body must be one JSON object, each name once (lib/json_text.h reads it); what is
+ * wrong is said, with where. */
+static void test_D05_bodies_that_are_not_one_json_object_are_invalid_argument(void **state)
+{
+    (void)state;
+    static const struct { const char *body; size_t len; const char *says; } bad[] = {
+        {"{\"protocol\": 3, \"protocol\": 3, \"javascript\": {\"code\": \"1\"}}", 0,
+         "duplicate object key"},
+        {"{\"protocol\": 3, \"javascript\": {\"code\": \"1\"", 0, "not valid JSON"},
+        {"{\"protocol\": 3, \"javascript\": {\"code\": \"\\ud800\"}}", 0, "not valid JSON"},
+        {"[{\"protocol\": 3}]", 0, "not a JSON object"},
+        /* jansson would take this one; a raw U+0000 is not JSON, and where it is is said */
+        {"{\"protocol\": 3\0}", 16, "a raw U+0000 byte at byte 14"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char id[33];
+        random_id(id);
+        req_opts o = {.token = shared.token, .ids = {id, NULL}};
+        answer a;
+        http_post(shared.url, SVC "Run", &o, bad[i].body,
+                  bad[i].len ? bad[i].len : strlen(bad[i].body), &a);
+        expect_refusal(&a, 400, "invalid_argument", -1, "request"); /* (header, no detail) */
+        if (!strstr(jstr(a.body, "message"), bad[i].says))
+            fail_msg("case %zu: %s", i, jstr(a.body, "message"));
+        answer_free(&a);
+    }
+    /* An escaped U+0000 is text: the daemon read the code with it (its record of the
+     * request says so) and the echo gives it back. */
+    const char *with_nul = "{\"protocol\": 3, \"javascript\": {\"code\": \"a\\u0000b\"}}";
+    json_t *run = call_ok(&shared, "Run", with_nul);
+    plm_hex sha;
+    check_answered(with_nul, run, "", 0, "", sha);
+    size_t n;
+    unsigned char *out = b64_decode(jstr(json_object_get(run, "javascript"), "stdout"), &n);
+    assert_non_null(out);
+    assert_int_equal(n, strlen("javascript 1: ") + 3);
+    assert_memory_equal(out, "javascript 1: a\0b", n);
+    free(out);
+    json_decref(run);
+}
+
 static void test_D06_language_hint_refuses_unknown_names(void **state)
 {
     (void)state;
@@ -2161,6 +2202,7 @@ int main(void)
         cmocka_unit_test(test_D04_D49_describe_states_provider_tier_and_session_facts),
         cmocka_unit_test(test_D05_floor_above_the_tier_is_refused_isolation),
         cmocka_unit_test(test_D05_malformed_envelopes_and_payloads_are_invalid_argument),
+        cmocka_unit_test(test_D05_bodies_that_are_not_one_json_object_are_invalid_argument),
         cmocka_unit_test(test_D06_language_hint_refuses_unknown_names),
         cmocka_unit_test(test_D07_owner_must_be_1_to_64_safe_characters),
         cmocka_unit_test(test_D43_cell_files_over_limits_or_unsafe_are_refused),
