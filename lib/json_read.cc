@@ -37,9 +37,12 @@ static_assert(PLM_JSON_PADDING >= simdjson::SIMDJSON_PADDING, "the body's paddin
 
 /* jansson's JSON_PARSER_MAX_DEPTH */
 static const size_t MAX_DEPTH = 2048;
-/* A reader keeps its parser's buffers for texts up to this size; a larger text is
- * read with a parser of its own, so one large answer does not pin megabytes. */
-static const size_t KEEP_BYTES = 256 * 1024;
+/* A reader keeps its parser's buffers for texts up to this size: they are reserved
+ * at 13 times the text, but only what a text touched stays resident (after a 1.4 MB
+ * answer, 1.5 MiB), and a client reading 1 MiB answers spent half its CPU faulting
+ * fresh pages in when each parse had buffers of its own (9.4 -> 4.4 ms a call).  A
+ * larger text is read with a parser of its own, so one huge answer pins nothing. */
+static const size_t KEEP_BYTES = 4 << 20;
 
 struct plm_json_reader {
     simdjson::dom::parser parser;

@@ -38,8 +38,9 @@ extern "C" {
  * without it the later value stands. */
 #define PLM_JSON_REJECT_DUPLICATES 1
 
-/* A reader keeps its parser's buffers between texts, up to 256 KiB of text; a
- * larger one is read with buffers of its own, freed after. */
+/* A reader keeps its parser's buffers between texts, up to 4 MiB of text (what a
+ * text touched stays resident: about its size); a larger one is read with buffers of
+ * its own, freed after. */
 typedef struct plm_json_reader plm_json_reader;
 plm_json_reader *plm_json_reader_new(void);   /* NULL: out of memory */
 void plm_json_reader_free(plm_json_reader *r);

@@ -120,13 +120,13 @@ static void test_W21_nesting_depth_is_janssons(void **state)
     plm_json_reader_free(r);
 }
 
-/* Answers of every size, the large ones past what a reader keeps, one reader for all:
- * a base64 stdout as sandboxd sends it. */
+/* Answers of every size, one reader for all: a base64 stdout as sandboxd sends it.
+ * Past 4 MiB a text is read with buffers of its own; the reader's serve the next. */
 static void test_W21_large_answers_read_as_jansson_reads_them(void **state)
 {
     (void)state;
     plm_json_reader *r = plm_json_reader_new();
-    size_t sizes[] = {0, 1, 100, 4095, 65536, 300 * 1024, 2 << 20, 1000};
+    size_t sizes[] = {0, 1, 100, 4095, 65536, 300 * 1024, 2 << 20, 5 << 20, 1000};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         size_t n = sizes[i];
         unsigned char *raw = malloc(n + 1);
