@@ -11,7 +11,9 @@
  *     measured with getrusage over the whole call (JSON, HTTP, checks), when
  *     build/sandboxd is there.
  * A third size (32 KiB) joins the two for the curve of cost against size that
- * BENCH_JSON=PATH writes (bench/benchjson.h) with the figures.
+ * BENCH_JSON=PATH writes (bench/benchjson.h) with the figures; the end-to-end curve
+ * also has 4 KiB and 128 KiB.  `client --end-to-end N` runs only that call, N bytes
+ * of code, 2 000 times (50 from 1 MiB): a profiler's workload.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,7 +209,9 @@ int main(int argc, char **argv)
     bench_verify(verify, 1 << 20, 40);
     printf("bench/client: end to end through sandboxd --provider echo\n");
     bench_end_to_end(e2e, 1024, 500);
-    bench_end_to_end(e2e, 32 << 10, 100);
+    bench_end_to_end(e2e, 4 << 10, 500);
+    bench_end_to_end(e2e, 32 << 10, 200);
+    bench_end_to_end(e2e, 128 << 10, 100);
     bench_end_to_end(e2e, 1 << 20, 20);
     json_object_set_new(out, "verify", verify);
     json_object_set_new(out, "end_to_end", e2e);
