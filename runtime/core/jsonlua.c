@@ -143,26 +143,35 @@ static int conv_error(lua_State *L, jbox *b, const char *what)
   return luaL_error(L, "cannot encode %s as JSON at %s", what, lua_tostring(L, -1));
 }
 
+/* Strings and keys are checked by the one UTF-8 checker (it skips ASCII 32 bytes at a
+ * time; jansson's own check takes a character at a time) and ill-formed ones made
+ * well-formed, U+FFFD for each bad part. */
 static json_t *make_string(const char *s, size_t len)
 {
-  json_t *j = json_stringn(s, len);
-  if (!j) {                     /* ill-formed UTF-8 */
-    size_t n;
-    char *clean = plm_utf8_lossy((const unsigned char *)s, len, &n);
-    if (clean)
-      j = json_stringn_nocheck(clean, n);
-    free(clean);
-  }
+  if (plm_utf8_valid(s, len))
+    return json_stringn_nocheck(s, len);
+  size_t n;
+  char *clean = plm_utf8_lossy((const unsigned char *)s, len, &n);
+  json_t *j = clean ? json_stringn_nocheck(clean, n) : NULL;
+  free(clean);
   return j;
 }
 
+/* Takes v, as json_object_setn_new_nocheck does, on success and on failure.  (Not
+ * json_object_setn_new: on an ill-formed key it frees v before saying so.) */
 static int set_key(json_t *obj, const char *k, size_t klen, json_t *v)
 {
-  if (json_object_setn_new(obj, k, klen, v) == 0)
-    return 0;
+  if (plm_utf8_valid(k, klen))
+    return json_object_setn_new_nocheck(obj, k, klen, v);
   size_t n;
   char *clean = plm_utf8_lossy((const unsigned char *)k, klen, &n);
-  int rc = clean ? json_object_setn_new_nocheck(obj, clean, n, v) : -1;
+  int rc;
+  if (clean)
+    rc = json_object_setn_new_nocheck(obj, clean, n, v);
+  else {
+    json_decref(v);
+    rc = -1;
+  }
   free(clean);
   return rc;
 }
