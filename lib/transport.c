@@ -33,6 +33,8 @@ struct plm_http {
     plm_curl_ev ev;             /* the multi handle on the loop (curl_ev.h) */
     ev_timer reap;              /* zero-delay: completes cancelled exchanges */
     xfer *inflight;
+    CURL *spare[8];             /* easy handles of finished exchanges, reset, for the next */
+    int n_spare;
     char *base_url, *auth_header, *ca_file;
     long timeout_ms;
 };
@@ -172,8 +174,12 @@ static void unlink_xfer(plm_http *h, xfer *t)
 static void xfer_free(xfer *t)
 {
     plm_cancel_unlisten(&t->cancel_l);
-    if (t->easy)
+    if (t->easy && t->h->n_spare < (int)PLM_ARRAY_LEN(t->h->spare)) {
+        curl_easy_reset(t->easy); /* (options gone; curl's own buffers kept for the next) */
+        t->h->spare[t->h->n_spare++] = t->easy;
+    } else if (t->easy) {
         curl_easy_cleanup(t->easy);
+    }
     for (struct curl_slist *l = t->headers; l; l = l->next) /* one holds the bearer */
         OPENSSL_cleanse(l->data, strlen(l->data));
     curl_slist_free_all(t->headers);
@@ -344,6 +350,8 @@ void plm_http_free(plm_http *h)
     plm_curl_ev_release(&h->ev);
     ev_timer_stop(h->ev.loop, &h->reap);
     plm_curl_ev_fini(&h->ev); /* removes remaining sockets */
+    while (h->n_spare)
+        curl_easy_cleanup(h->spare[--h->n_spare]);
     free(h->base_url);
     if (h->auth_header)
         OPENSSL_cleanse(h->auth_header, strlen(h->auth_header));
@@ -378,7 +386,7 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
     new_request_id(t->x.request_id);
     char *url = plm_printf("%s/plimsoll.v1.SandboxService/%s", h->base_url, method);
     char *id_header = plm_printf("Plimsoll-Request-Id: %s", t->x.request_id);
-    t->easy = curl_easy_init();
+    t->easy = h->n_spare ? h->spare[--h->n_spare] : curl_easy_init();
     if (!url || !id_header || !t->easy)
         goto fail;
     struct curl_slist *hd = NULL;
