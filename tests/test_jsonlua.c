@@ -169,7 +169,23 @@ static void test_key_order(void **state)
   (void)state;
   lua_ok("assert(json.encode({b = 1, a = 2, c = 3}) == '{\"a\":2,\"b\":1,\"c\":3}')\n"
          "local t = setmetatable({z = 1, a = 2, m = 3}, {__jsonorder = {'z', 'm'}})\n"
-         "assert(json.encode(t) == '{\"z\":1,\"m\":3,\"a\":2}')\n");
+         "assert(json.encode(t) == '{\"z\":1,\"m\":3,\"a\":2}')\n"
+         /* 8 keys and fewer are sorted on the stack, more through a key list: both
+          * in byte order, nested values in place, __jsonorder first */
+         "for _, n in ipairs{1, 7, 8, 9, 40} do\n"
+         "  local t, want = {}, {}\n"
+         "  for i = 1, n do t[string.format('k%03d', n - i)] = {v = i} end\n"
+         "  for i = 0, n - 1 do want[#want + 1] = string.format('\"k%03d\":{\"v\":%d}', i, n - i) end\n"
+         "  assert(json.encode(t) == '{' .. table.concat(want, ',') .. '}', n)\n"
+         "  setmetatable(t, {__jsonorder = {string.format('k%03d', n - 1)}})\n"
+         "  table.insert(want, 1, table.remove(want))\n"
+         "  assert(json.encode(t) == '{' .. table.concat(want, ',') .. '}', n)\n"
+         "end\n"
+         "assert(not pcall(json.encode, {a = 1, b = 2, [3] = 3}))\n"
+         "local big = {}\n"
+         "for i = 1, 20 do big['k' .. i] = i end\n"
+         "big[true] = 1\n"
+         "assert(not pcall(json.encode, big))\n");
 }
 
 static void test_deep_nesting_refused(void **state)

@@ -209,13 +209,89 @@ static int classify(lua_State *L, int idx, lua_Integer *n)
   return -1;
 }
 
-typedef struct skey { const char *s; size_t len; } skey;
+typedef struct skey { const char *s; size_t len; int slot; } skey;
 
 static int cmp_keys(const void *a, const void *b)
 {
   const skey *x = a, *y = b;
   int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
   return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Sets the fields of keys[0..n) in byte order of the keys; each key's value is at
+ * its slot on the stack.  With `ordered`, a key __jsonorder already set is skipped. */
+static void add_sorted(lua_State *L, jbox *b, json_t *obj, skey *keys, size_t n, int ordered)
+{
+  qsort(keys, n, sizeof *keys, cmp_keys);
+  for (size_t i = 0; i < n; i++) {
+    if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
+      continue;
+    add_value(L, b, keys[i].slot, obj, keys[i].s, keys[i].len);
+  }
+}
+
+/* An object of at most SMALL_OBJECT keys (a message, a tool call: nearly every one)
+ * in one traversal: its keys and values are left on the stack and sorted in a C
+ * array, so it costs no Lua allocation and no second lookup of each value.  False,
+ * with the stack as it was, for a larger one. */
+#define SMALL_OBJECT 8
+
+static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered)
+{
+  skey keys[SMALL_OBJECT];
+  int base = lua_gettop(L);
+  size_t n = 0;
+  luaL_checkstack(L, 2 * SMALL_OBJECT + 2, "JSON value nested too deeply");
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {      /* ... k1 v1 ... k v */
+    if (lua_type(L, -2) != LUA_TSTRING)
+      conv_error(L, b, "a table whose keys are not all strings");
+    if (n == SMALL_OBJECT) {
+      lua_settop(L, base);
+      return false;
+    }
+    keys[n].s = lua_tolstring(L, -2, &keys[n].len);
+    keys[n].slot = lua_gettop(L);
+    n++;
+    lua_pushvalue(L, -2);         /* the key lua_next takes; the pair stays below */
+  }
+  add_sorted(L, b, obj, keys, n, ordered);
+  lua_settop(L, base);
+  return true;
+}
+
+static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered)
+{
+  size_t n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      conv_error(L, b, "a table whose keys are not all strings");
+    n++;
+  }
+  /* The key list is a userdata so it is collected if add_value raises; the key
+   * strings themselves are anchored by the table, which nothing changes meanwhile.
+   * Each value is fetched again by its key, onto the stack, as its turn comes. */
+  skey *keys = lua_newuserdatauv(L, n * sizeof *keys, 0);
+  int keys_idx = lua_gettop(L);
+  size_t i = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    keys[i].s = lua_tolstring(L, -1, &keys[i].len);
+    i++;
+  }
+  qsort(keys, n, sizeof *keys, cmp_keys);
+  for (i = 0; i < n; i++) {
+    if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
+      continue;
+    lua_pushlstring(L, keys[i].s, keys[i].len);
+    lua_rawget(L, idx);
+    add_value(L, b, lua_gettop(L), obj, keys[i].s, keys[i].len);
+    lua_pop(L, 1);
+  }
+  lua_remove(L, keys_idx);
 }
 
 static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj)
@@ -241,37 +317,8 @@ static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj)
     lua_pop(L, 2);
   }
   /* The rest in byte order, so output is deterministic. */
-  size_t n = 0;
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    lua_pop(L, 1);
-    if (lua_type(L, -1) != LUA_TSTRING)
-      conv_error(L, b, "a table whose keys are not all strings");
-    n++;
-  }
-  if (n == 0)
-    return;
-  /* The key list is a userdata so it is collected if add_value raises; the key
-   * strings themselves are anchored by the table, which nothing changes meanwhile. */
-  skey *keys = lua_newuserdatauv(L, n * sizeof *keys, 0);
-  int keys_idx = lua_gettop(L);
-  size_t i = 0;
-  lua_pushnil(L);
-  while (lua_next(L, idx)) {
-    lua_pop(L, 1);
-    keys[i].s = lua_tolstring(L, -1, &keys[i].len);
-    i++;
-  }
-  qsort(keys, n, sizeof *keys, cmp_keys);
-  for (i = 0; i < n; i++) {
-    if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
-      continue;
-    lua_pushlstring(L, keys[i].s, keys[i].len);
-    lua_rawget(L, idx);
-    add_value(L, b, lua_gettop(L), obj, keys[i].s, keys[i].len);
-    lua_pop(L, 1);
-  }
-  lua_remove(L, keys_idx);
+  if (!fill_small_object(L, b, idx, obj, ordered))
+    fill_large_object(L, b, idx, obj, ordered);
 }
 
 /* Builds the value at idx and attaches it to parent (an array when key is NULL)
