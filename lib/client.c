@@ -259,7 +259,8 @@ plm_error *plm_rpc(plm_client *c, const char *method, const json_t *req, plm_can
     plm_error *e = plm_check_cancel(cancel, method);
     if (e)
         return e;
-    char *body = plm_json_write(req, NULL);
+    size_t len = 0;
+    char *body = plm_json_write(req, &len);
     rpc *r = calloc(1, sizeof *r);
     if (!body || !r) {
         free(body);
@@ -270,7 +271,7 @@ plm_error *plm_rpc(plm_client *c, const char *method, const json_t *req, plm_can
     r->method = method;
     r->cb = cb;
     r->ud = ud;
-    if (plm_http_post(c->http, method, body, cancel, rpc_done, r) < 0) {
+    if (plm_http_post(c->http, method, body, len, cancel, rpc_done, r) < 0) {
         free(r);
         return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_REQUEST,
                            "plimsoll: %s: cannot start the HTTP exchange", method);

@@ -123,7 +123,6 @@ typedef struct plm_listener {
 void plm_cancel_listen(plm_cancel *c, plm_listener *l);
 void plm_cancel_unlisten(plm_listener *l);
 
-
 /* ---- transport (transport.c): one Connect unary exchange over libcurl multi on libev */
 typedef struct plm_http plm_http;
 typedef struct plm_exchange {
@@ -148,9 +147,10 @@ typedef struct plm_http_config {
 plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg);
 /* Cancels every exchange in flight (their callbacks run with PLM_CANCELED) and frees. */
 void plm_http_free(plm_http *h);
-/* Starts POST <base>/plimsoll.v1.SandboxService/<method> with `body` (taken).  The
- * callback runs exactly once, from the loop; `x` is valid only during the callback. */
-int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cancel,
+/* Starts POST <base>/plimsoll.v1.SandboxService/<method> with `body` (taken; `len`
+ * bytes).  The callback runs exactly once, from the loop; `x` is valid only during
+ * the callback. */
+int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_cancel *cancel,
                   plm_exchange_cb cb, void *ud);
 
 /* ---- the client (client.c) and its RPC layer */

@@ -368,7 +368,7 @@ static void new_request_id(char out[33])
     plm_hex_encode(b, sizeof b, out);
 }
 
-int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cancel,
+int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_cancel *cancel,
                   plm_exchange_cb cb, void *ud)
 {
     xfer *t = calloc(1, sizeof *t);
@@ -398,7 +398,7 @@ int plm_http_post(plm_http *h, const char *method, char *body, plm_cancel *cance
         hd = curl_slist_append(hd, h->auth_header);
     t->headers = hd;
     CURL *e = t->easy;
-    plm_curl_ev_post_opts(e, url, body, strlen(body), hd, write_cb, header_cb, t, t->errbuf);
+    plm_curl_ev_post_opts(e, url, body, len, hd, write_cb, header_cb, t, t->errbuf);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, h->timeout_ms);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
