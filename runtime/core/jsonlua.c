@@ -218,15 +218,24 @@ static int cmp_keys(const void *a, const void *b)
   return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-/* Sets the fields of keys[0..n) in byte order of the keys; each key's value is at
- * its slot on the stack.  With `ordered`, a key __jsonorder already set is skipped. */
-static void add_sorted(lua_State *L, jbox *b, json_t *obj, skey *keys, size_t n, int ordered)
+/* Sets the fields of keys[0..n) of the table at idx in byte order of the keys.  A
+ * key's value is at its slot on the stack, or (slot 0) fetched from the table as its
+ * turn comes.  With `ordered`, a key __jsonorder already set is skipped. */
+static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, size_t n,
+                       int ordered)
 {
   qsort(keys, n, sizeof *keys, cmp_keys);
   for (size_t i = 0; i < n; i++) {
     if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
       continue;
-    add_value(L, b, keys[i].slot, obj, keys[i].s, keys[i].len);
+    if (keys[i].slot) {
+      add_value(L, b, keys[i].slot, obj, keys[i].s, keys[i].len);
+      continue;
+    }
+    lua_pushlstring(L, keys[i].s, keys[i].len);
+    lua_rawget(L, idx);
+    add_value(L, b, lua_gettop(L), obj, keys[i].s, keys[i].len);
+    lua_pop(L, 1);
   }
 }
 
@@ -255,7 +264,7 @@ static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
     n++;
     lua_pushvalue(L, -2);         /* the key lua_next takes; the pair stays below */
   }
-  add_sorted(L, b, obj, keys, n, ordered);
+  add_sorted(L, b, idx, obj, keys, n, ordered);
   lua_settop(L, base);
   return true;
 }
@@ -272,7 +281,7 @@ static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   }
   /* The key list is a userdata so it is collected if add_value raises; the key
    * strings themselves are anchored by the table, which nothing changes meanwhile.
-   * Each value is fetched again by its key, onto the stack, as its turn comes. */
+   * Each value is fetched again by its key as its turn comes (slot 0). */
   skey *keys = lua_newuserdatauv(L, n * sizeof *keys, 0);
   int keys_idx = lua_gettop(L);
   size_t i = 0;
@@ -280,17 +289,10 @@ static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   while (lua_next(L, idx)) {
     lua_pop(L, 1);
     keys[i].s = lua_tolstring(L, -1, &keys[i].len);
+    keys[i].slot = 0;
     i++;
   }
-  qsort(keys, n, sizeof *keys, cmp_keys);
-  for (i = 0; i < n; i++) {
-    if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
-      continue;
-    lua_pushlstring(L, keys[i].s, keys[i].len);
-    lua_rawget(L, idx);
-    add_value(L, b, lua_gettop(L), obj, keys[i].s, keys[i].len);
-    lua_pop(L, 1);
-  }
+  add_sorted(L, b, idx, obj, keys, n, ordered);
   lua_remove(L, keys_idx);
 }
 
