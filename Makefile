@@ -21,7 +21,7 @@ CFLAGS   += -std=c11 $(OPT) $(WARN) -fPIC
 CXXFLAGS += -std=c++17 $(OPT) $(filter-out -Wstrict-prototypes,$(WARN)) -fPIC -fno-exceptions -fno-rtti
 LIBDEPS   = libcurl jansson openssl
 PKGLIBS   = $(shell pkg-config --libs $(LIBDEPS) 2>/dev/null)
-# simdjson reads the daemon's answers (lib/json_read.cc); it needs the C++ runtime.
+# simdjson reads the wire's bodies (lib/json_read.cc); it needs the C++ runtime.
 JSON_READ_LIBS = -lsimdjson -lstdc++
 LDLIBS   += $(PKGLIBS) $(JSON_READ_LIBS) -lev -lm
 MHDLIBS   = $(shell pkg-config --libs libmicrohttpd 2>/dev/null)

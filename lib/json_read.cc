@@ -1,11 +1,12 @@
 /*
- * json_read.cc — the daemon's answers are read with simdjson, into jansson values.
+ * json_read.cc — the wire's bodies (the daemon's answers in the client, requests in
+ * sandboxd) are read with simdjson, into jansson values.
  *
  * Why: jansson's reader takes a character at a time (UTF-8 check, buffer append,
  * then a second pass for escapes); on a 44 KiB answer that was 600 µs of the
  * client's CPU, against about 10 µs for simdjson's parse and the copy into jansson
- * values that every reader in lib/ already takes (docs/wire.md §4).  jansson stays
- * the tree and the writer; this file is the one place that reads a body.
+ * values that every reader already takes (docs/wire.md §4).  jansson stays the tree;
+ * this file is the one place that reads a body.
  *
  * What it accepts is exactly what json_loadb(JSON_ALLOW_NUL | JSON_DECODE_ANY)
  * accepts, because both ends of the wire were written against that reader:

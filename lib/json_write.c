@@ -1,6 +1,7 @@
 /*
- * json_write.c — a request's body: the text json_dumps(v, JSON_COMPACT |
- * JSON_ENCODE_ANY) gives, byte for byte, written at memory speed.
+ * json_write.c — a body of the wire (a request in the client, an answer in sandboxd):
+ * the text json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) gives, byte for byte,
+ * written at memory speed.
  *
  * Why not json_dumps: jansson writes a string a code point at a time (a UTF-8 decode
  * and a callback each) and checks each object and array against its parents for
@@ -8,17 +9,16 @@
  * CPU for the whole call, and costs 27 µs here (docs/wire.md §4): a string is copied
  * in runs between the bytes JSON must escape, found 16 at a time.
  *
- * What it relies on, and why that holds: every string in a request is well-formed
+ * What it relies on, and why that holds: every string in a body is well-formed
  * UTF-8 before it is put in (json_string checks; request.c checks before
- * json_stringn_nocheck), so it is copied, not checked again.  Reals are rare (none in
- * today's requests) and are written by jansson itself, so its formatting stays the one
- * there is.  Nesting deeper than 2048 levels is refused (no reader here takes more),
+ * json_stringn_nocheck, and sandboxd makes no string unchecked), so it is copied,
+ * not checked again.  Reals are rare (none in today's requests) and are written by
+ * jansson itself, so its formatting stays the one there is.  Nesting deeper than 2048 levels is refused (no reader here takes more),
  * and so is a loop.  tests/test_json_read.c holds this to json_dumps on the same
  * values.
  */
 #include "json_text.h"
 
-#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
