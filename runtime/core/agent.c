@@ -92,6 +92,7 @@ struct berth_conv {
    * cost the running ones no heap and no collector's time. */
   bool unloaded;
   struct unload_wait *unload;    /* waiting for the store to commit the suspend */
+  plm_idmap_node runid_node;     /* in h->runids while registered */
 };
 
 typedef struct unload_wait {
@@ -189,39 +190,23 @@ void berth_conv_push_ctx(lua_State *L, berth_conv *c)
 
 /* {====================================================== run ids */
 
-/* The host's table run id -> conversation, for unique run ids at O(1). */
-static void push_runids(berth_host *h)
-{
-  lua_rawgeti(h->L, LUA_REGISTRYINDEX, h->runids_ref);
-}
-
+/* Run ids are unique in a host: h->runids holds each registered conversation under its
+ * run id (a conversation is registered from open to free). */
 static bool runid_taken(berth_host *h, const char *run_id)
 {
-  push_runids(h);
-  bool taken = lua_getfield(h->L, -1, run_id) != LUA_TNIL;
-  lua_pop(h->L, 2);
-  return taken;
+  return plm_idmap_get(&h->runids, run_id) != NULL;
 }
 
 static void runid_set(berth_conv *c, bool on)
 {
-  berth_host *h = c->h;
-  lua_State *L = h->L;
-  push_runids(h);
-  if (on)
-    lua_pushlightuserdata(L, c);
-  else {
-    lua_getfield(L, -1, c->run_id);
-    bool mine = lua_touserdata(L, -1) == c;
-    lua_pop(L, 1);
-    if (!mine) {
-      lua_pop(L, 1);
-      return;
-    }
-    lua_pushnil(L);
-  }
-  lua_setfield(L, -2, c->run_id);
-  lua_pop(L, 1);
+  if (on == c->registered)
+    return;
+  if (on) {
+    c->runid_node.key = c->run_id;
+    if (!plm_idmap_put(&c->h->runids, &c->runid_node))
+      berth_oom(sizeof c->runid_node);
+  } else
+    plm_idmap_remove(&c->h->runids, &c->runid_node);
   c->registered = on;
 }
 

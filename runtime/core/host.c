@@ -665,8 +665,6 @@ static int open_state(berth_host *h, char **err)
   }
   lua_pop(L, 1);
   h->loaded_base_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  lua_newtable(L);               /* run id -> conversation (agent.c) */
-  h->runids_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   return 0;
 }
 
@@ -752,7 +750,7 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
   h->model = o->model;
   h->hooks_ref = LUA_NOREF;
   h->loaded_base_ref = LUA_NOREF;
-  h->runids_ref = LUA_NOREF;
+  plm_idmap_init(&h->runids);
   h->mem.limit = o->memory_limit;
   /* 0: the default (none for an unrestricted host: berth lua runs the user's own
    * program); < 0: none. */
@@ -925,6 +923,7 @@ void berth_host_free(berth_host *h)
     lua_close(h->L);
   berth_counters_free(&h->st);
   berth_owners_free(h);
+  plm_idmap_free(&h->runids);    /* its conversations were freed with the tasks */
   free(h->hooks_file);
   free(h->scripts_dir);
   free(h->lib_dir);

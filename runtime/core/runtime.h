@@ -195,7 +195,8 @@ struct berth_host {
   /* many conversations (agent.c) */
   size_t n_convs;
   uint64_t conv_seq;             /* for generated run ids */
-  int runids_ref;                /* table: run id -> the conversation (light userdata) */
+  plm_idmap runids;              /* berth_conv by run id (agent.c): in C, so that the
+                                    conversations held cost the collector nothing */
   size_t turns_running;          /* turn slots taken */
   size_t queued;                 /* messages accepted, not started */
   berth_conv *slot_head, *slot_tail; /* conversations waiting for a turn slot */
