@@ -10,9 +10,10 @@
  *              waiting for the next message (its idle timer armed);
  *   suspended  after the idle timeout: onSuspend ran (with a daemon, the sandbox is
  *              disposed).
- * Figures per conversation: allocator bytes in use (glibc mallinfo2 uordblks: the C
- * records, jansson, libplimsoll; plus the Lua state's own bytes, which live in
- * jemalloc, runtime/core/contain.c), of which the Lua state's, and the RSS growth.
+ * Figures per conversation: allocator bytes in use (jemalloc's stats.allocated: this
+ * program's malloc is jemalloc, as the berth program's is (Makefile, PROG_HEAP_LIBS),
+ * so it counts the C records, jansson, libplimsoll and the Lua state alike), of which
+ * the Lua state's, and the RSS growth.
  * Target: <= 8 KiB (allocator bytes).
  *
  * Without a daemon, warm answers "Nothing ran" at once; with --sandboxd PATH every
@@ -21,13 +22,14 @@
  * BENCH_JSON=PATH also writes the figures there (bench/benchjson.h).
  */
 #include <getopt.h>
-#include <malloc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <ev.h>
+#include <jemalloc/jemalloc.h>
 #include <lua.h>
 
 #include "benchhost.h"
@@ -79,8 +81,13 @@ static snap take(bench *b)
   lua_State *L = berth_host_lua(b->h);
   lua_gc(L, LUA_GCCOLLECT, 0);
   lua_gc(L, LUA_GCCOLLECT, 0);
-  malloc_trim(0);
-  struct mallinfo2 mi = mallinfo2();
+  uint64_t epoch = 1;            /* the statistics are refreshed by a new epoch */
+  size_t len = sizeof epoch, allocated = 0;
+  if (mallctl("epoch", &epoch, &len, &epoch, len) != 0 ||
+      (len = sizeof allocated, mallctl("stats.allocated", &allocated, &len, NULL, 0)) != 0) {
+    fprintf(stderr, "idle_memory: jemalloc gives no statistics\n");
+    exit(1);
+  }
   berth_stats st;
   berth_host_stats(b->h, &st);
   long pages = 0, resident = 0;
@@ -90,7 +97,7 @@ static snap take(bench *b)
       resident = 0;
     fclose(f);
   }
-  return (snap){(double)mi.uordblks + (double)st.lua_bytes, (double)st.lua_bytes,
+  return (snap){(double)allocated, (double)st.lua_bytes,
                 (double)resident * (double)sysconf(_SC_PAGESIZE)};
 }
 
