@@ -5,6 +5,7 @@
 #   serve_load         conversations of each run (serve_load_cdf_<n>.dat)
 #   turns_per_second   conversations of each run (turns_per_second_cdf_<n>.dat)
 #   idle_memory        (set when idle_memory_scale.dat is there)
+#   turns_held         the store engines measured (turns_held_<engine>.dat)
 
 set terminal pngcairo size 1000,640 enhanced font "DejaVu Sans,11" linewidth 1.5
 set grid xtics ytics mxtics mytics lc rgb "#dddddd"
@@ -127,6 +128,20 @@ if (exists("turns_per_second")) {
     set ytics mirror
     set yrange [*:*]
     set y2range [*:*]
+}
+if (exists("turns_held")) {
+    set output plots."/turns_held_scale.png"
+    set title "1 000 conversations turning beside conversations held idle (suspended, stored; 3 turns each)\n{/*0.8 ".footer."}"
+    set xlabel "conversations held (log scale; none is drawn at 100)"
+    set ylabel "throughput of the 1 000 (turns/s, wall)"
+    set key bottom left
+    set logscale x
+    set yrange [0:*]
+    plot for [i=1:words(turns_held)] data."/turns_held_".word(turns_held,i).".dat" \
+        using 1:2 lw 2 pt 7 title word(turns_held,i)." store", \
+         40000 with lines dt 4 lc rgb "#888888" title "target 40 000 turns/s at 100 000 held"
+    unset logscale
+    set yrange [*:*]
 }
 if (exists("idle_memory")) {
     set output plots."/idle_memory_scale.png"

@@ -10,7 +10,8 @@ curve.  This script then merges the fragments into bench/results.json:
    os, kvm, compiler}, "commit": {sha, modified},
    "benchmarks": {"client": FRAGMENT, "cells": FRAGMENT, "store_turns": FRAGMENT,
                   "turns_per_second" | "idle_memory" | "serve_load":
-                      {"runs": [FRAGMENT, ...], "curve": TABLE}},
+                      {"runs": [FRAGMENT, ...], "curve": TABLE},
+                  "turns_held": {"runs": [FRAGMENT, ...], "curves": {ENGINE: TABLE}}},
    "failed": [{"bench", "args", "exit"}], "plots": [paths]}
 
 where a TABLE is {"x": {name, unit}, "columns": [{name, unit}], "rows": [[x, ...]]}, and
@@ -41,6 +42,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPS_POINTS = [100, 300, 1000, 3000, 10000, 30000]
 IDLE_POINTS = [1000, 3000, 10000, 30000, 100000]
 SERVE_POINTS = [10, 30, 100, 300, 1000, 2000]
+# turns_per_second --held: 1 000 conversations turning beside this many held (suspended,
+# stored) ones, on each store engine.  (Without a store, 100 000 held keep their history
+# in the Lua heap, past what its 256 MiB cap lets a host collect in time.)
+HELD_POINTS = [0, 1000, 10000, 100000]
+HELD_ENGINES = ["memory", "sqlite"]
 QUICK = False
 
 
@@ -48,6 +54,7 @@ def plan():
     if QUICK:
         TPS_POINTS[:] = IDLE_POINTS[:] = [100, 1000]
         SERVE_POINTS[:] = [10, 100]
+        HELD_POINTS[:] = [0, 1000]
     runs = [("client", "client", []), ("cells", "cells", [])]
     # the stores: PostgreSQL in a private cluster the benchmark starts (when installed)
     engines = "memory,sqlite" + (",postgresql" if glob.glob("/usr/lib/postgresql/*/bin/initdb")
@@ -57,6 +64,10 @@ def plan():
                "--rounds", "1" if QUICK else "3"])]
     runs += [("turns_per_second", "turns_per_second-%d" % n, ["--conversations", str(n)])
              for n in TPS_POINTS]
+    runs += [("turns_per_second", "turns_held_%s-%d" % (engine, n),
+              ["--conversations", "1000", "--held", str(n), "--store", engine,
+               "--time-limit", "240"])
+             for engine in HELD_ENGINES for n in HELD_POINTS]
     runs += [("idle_memory", "idle_memory-%d" % n, ["--conversations", str(n)])
              for n in IDLE_POINTS]
     runs += [("serve_load", "serve_load-%d" % n, ["--conversations", str(n)])
@@ -133,11 +144,11 @@ def val(fig):
     return fig["value"] if isinstance(fig, dict) else None
 
 
-def curve(runs, columns):
-    """columns: [(name, unit, fn(fragment) -> value)]; x is params.conversations."""
-    rows = [[r["params"]["conversations"]] + [fn(r) for _, _, fn in columns]
-            for r in sorted(runs, key=lambda r: r["params"]["conversations"])]
-    return {"x": {"name": "conversations", "unit": "conversations"},
+def curve(runs, columns, x="conversations"):
+    """columns: [(name, unit, fn(fragment) -> value)]; x is params[x]."""
+    rows = [[r["params"][x]] + [fn(r) for _, _, fn in columns]
+            for r in sorted(runs, key=lambda r: r["params"][x])]
+    return {"x": {"name": x, "unit": "conversations"},
             "columns": [{"name": n, "unit": u} for n, u, _ in columns], "rows": rows}
 
 
@@ -176,6 +187,19 @@ def merge(frags):
         runs = [f for f in (load(frags, "%s-%d" % (name, n)) for n in points) if f]
         if runs:
             out[name] = {"runs": runs, "curve": curve(runs, columns)}
+    held = {"runs": [], "curves": {}}
+    for engine in HELD_ENGINES:
+        runs = [f for f in (load(frags, "turns_held_%s-%d" % (engine, n))
+                            for n in HELD_POINTS) if f]
+        if runs:
+            held["runs"] += runs
+            held["curves"][engine] = curve(runs, [
+                ("rate_wall", "turns/s", lambda r: val(r["rate_wall"])),
+                ("rate_cpu", "turns/s", lambda r: val(r["rate_cpu"])),
+                ("cpu_per_turn", "us", lambda r: val(r["cpu_per_turn"])),
+                ("held_lua_state", "B", lambda r: val(r["held_lua_state"]))], x="held")
+    if held["runs"]:
+        out["turns_held"] = held
     return out
 
 
@@ -238,6 +262,13 @@ def plot(results, build, dest):
     for name in ("serve_load", "turns_per_second", "idle_memory"):
         if name in b:
             write(os.path.join(data, "%s_scale.dat" % name), b[name]["curve"]["rows"])
+    if "turns_held" in b:
+        engines = sorted(b["turns_held"]["curves"])
+        for e in engines:  # a log x axis has no 0: none held is drawn at 100
+            write(os.path.join(data, "turns_held_%s.dat" % e),
+                  [[max(r[0], 100)] + r[1:] for r in b["turns_held"]["curves"][e]["rows"]])
+        var["turns_held"] = " ".join(engines)
+        made.append("turns_held_scale.png")
     if "idle_memory" in b:
         var["idle_memory"] = "yes"
         made.append("idle_memory_scale.png")
