@@ -139,14 +139,17 @@ static void put_value(out *o, const json_t *v, int depth)
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *key;
+        size_t klen;
         json_t *item;
         bool first = true;
         put(o, "{", 1);
-        json_object_foreach((json_t *)v, key, item) {
+        /* By length: a key may hold U+0000 (berth's json.encode makes one from a Lua
+         * string; the reader refuses them on the wire), and json_dumps writes it whole. */
+        json_object_keylen_foreach((json_t *)v, key, klen, item) {
             if (!first)
                 put(o, ",", 1);
             first = false;
-            put_string(o, key, strlen(key));
+            put_string(o, key, klen);
             put(o, ":", 1);
             put_value(o, item, depth + 1);
         }

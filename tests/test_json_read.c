@@ -184,6 +184,13 @@ static void test_W01_request_body_is_json_dumps_byte_for_byte(void **state)
     json_t *nul = json_stringn("a\0b", 3);
     same_text_as_jansson(nul);
     json_decref(nul);
+    /* a key holding U+0000 is written whole, as jansson writes it (json.encode makes
+     * one from a Lua string) */
+    json_t *nulkey = json_object();
+    assert_int_equal(json_object_setn_new(nulkey, "k\0ey", 4, json_integer(1)), 0);
+    assert_int_equal(json_object_setn_new(nulkey, "k", 1, json_integer(2)), 0);
+    same_text_as_jansson(nulkey);
+    json_decref(nulkey);
     /* a cell as session.c builds it: keys in the order they were put, reals and all */
     char *code = malloc(40000);
     for (size_t k = 0; k < 39999; k++)
