@@ -22,6 +22,7 @@
 #include "runtime.h"
 #include "xalloc.h"
 #include "jsonlua.h"
+#include "json_text.h"            /* lib/: the one compact JSON writer */
 #include "store/store.h"
 
 #include <stdio.h>
@@ -330,7 +331,7 @@ static uint64_t record_event(berth_conv *c, const char *kind, const json_t *data
   uint64_t seq = ++c->last_event;
   berth_store *st = store_of(c);
   if (st) {
-    char *text = data ? json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *text = data ? plm_json_write(data, NULL) : NULL;
     uint32_t turn = c->turn ? c->turns : c->accepted;
     if (!strcmp(kind, "user"))
       berth_store_put_user_event(st, c->sid, seq, turn, text ? text : "null", message_id);

@@ -3,6 +3,7 @@
  */
 #include "jsonlua.h"
 #include "plimsoll.h"  /* the one UTF-8 checker */
+#include "json_text.h" /* the one compact JSON writer (lib/) */
 
 #include <math.h>
 #include <stdbool.h>
@@ -481,17 +482,55 @@ static int dump_cb(const char *buf, size_t size, void *data)
   return 0;
 }
 
+/* A value being encoded and its text: the box frees both if pushing the text raises. */
+typedef struct encbox {
+  json_t *v;                    /* first, as in every box */
+  char *text;
+} encbox;
+
+static int encbox_gc(lua_State *L)
+{
+  encbox *e = lua_touserdata(L, 1);
+  json_decref(e->v);
+  free(e->text);
+  e->v = NULL;
+  e->text = NULL;
+  return 0;
+}
+
 void berth_json_encode(lua_State *L, int idx, int pretty)
 {
   idx = lua_absindex(L, idx);
-  json_t *v = berth_json_check(L, idx);
-  push_owner(L, v);              /* owns v while the buffer grows (it may raise) */
-  luaL_Buffer b;
-  luaL_buffinit(L, &b);
-  dumpbuf d = {&b};
-  json_dump_callback(v, dump_cb, &d, dump_flags(pretty));
-  luaL_pushresult(&b);
-  lua_remove(L, -2);            /* the box; its __gc drops v */
+  encbox *e = lua_newuserdatauv(L, sizeof *e, 0);
+  e->v = NULL;
+  e->text = NULL;
+  if (luaL_newmetatable(L, "berth.json.encbox")) {
+    lua_pushcfunction(L, encbox_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  e->v = berth_json_check(L, idx);
+  if (pretty) {                 /* jansson's indentation */
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    dumpbuf d = {&b};
+    json_dump_callback(e->v, dump_cb, &d, dump_flags(pretty));
+    luaL_pushresult(&b);
+  } else {
+    /* The compact form is json_dumps's bytes (reals at 17 digits, as dump_flags asks),
+     * written by lib/json_text.h without a callback per token: the store encodes every
+     * message and state this way at each turn's end. */
+    size_t len;
+    e->text = plm_json_write(e->v, &len);
+    if (!e->text)
+      luaL_error(L, "not enough memory");
+    lua_pushlstring(L, e->text, len);
+  }
+  json_decref(e->v);            /* now, not when the collector gets to the box */
+  free(e->text);
+  e->v = NULL;
+  e->text = NULL;
+  lua_remove(L, -2);
 }
 
 static int json_encode(lua_State *L)
