@@ -251,7 +251,11 @@ static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   skey keys[SMALL_OBJECT];
   int base = lua_gettop(L);
   size_t n = 0;
-  luaL_checkstack(L, 2 * SMALL_OBJECT + 2, "JSON value nested too deeply");
+  /* The stack grows a pair at a time, not by the most a small object could take: a
+   * turn's coroutine waits for the model with the stack its conversion grew, and with
+   * 100 000 turns at once the spare slots of 2 * SMALL_OBJECT took the Lua state past
+   * its cap (bench/idle_memory). */
+  luaL_checkstack(L, 3, "JSON value nested too deeply");
   lua_pushnil(L);
   while (lua_next(L, idx)) {      /* ... k1 v1 ... k v */
     if (lua_type(L, -2) != LUA_TSTRING)
@@ -264,6 +268,7 @@ static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
     keys[n].slot = lua_gettop(L);
     n++;
     lua_pushvalue(L, -2);         /* the key lua_next takes; the pair stays below */
+    luaL_checkstack(L, 2, "JSON value nested too deeply");  /* the next pair's */
   }
   add_sorted(L, b, idx, obj, keys, n, ordered);
   lua_settop(L, base);
