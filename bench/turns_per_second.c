@@ -76,19 +76,25 @@ static void on_message(void *ud, berth_conv *c, const char *t, size_t n)
   ((bench *)ud)->messages++;
 }
 
+/* The conversation's next message; a refusal counts as a failed turn. */
+static void next_message(bench *b, berth_conv *c)
+{
+  berth_error *e = berth_conv_message(c, "hello");
+  if (e) {
+    fprintf(stderr, "turns_per_second: %s\n", e->message);
+    berth_error_free(e);
+    b->failed++;
+  }
+}
+
 /* A held conversation's turn: the next one, or the phase ends with the last. */
 static void held_turn_end(bench *b, berth_conv *c, const berth_turn_info *info)
 {
   if (!info->ok)
     b->failed++;
-  if (info->turn < b->held_turns && !b->stop) {
-    berth_error *e = berth_conv_message(c, "hello");
-    if (e) {
-      fprintf(stderr, "turns_per_second: %s\n", e->message);
-      berth_error_free(e);
-      b->failed++;
-    }
-  } else if (++b->held_ended == b->held || b->stop)
+  if (info->turn < b->held_turns && !b->stop)
+    next_message(b, c);
+  else if (++b->held_ended == b->held || b->stop)
     ev_break(b->loop, EVBREAK_ALL);
 }
 
@@ -126,14 +132,9 @@ static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
   b->ended++;
   if (!info->ok)
     b->failed++;
-  if (info->turn < b->turns && !b->stop) {
-    berth_error *e = berth_conv_message(c, "hello");
-    if (e) {
-      fprintf(stderr, "turns_per_second: %s\n", e->message);
-      berth_error_free(e);
-      b->failed++;
-    }
-  } else if (b->ended == (unsigned long long)b->n * b->turns || b->stop)
+  if (info->turn < b->turns && !b->stop)
+    next_message(b, c);
+  else if (b->ended == (unsigned long long)b->n * b->turns || b->stop)
     ev_break(b->loop, EVBREAK_ALL);
 }
 
