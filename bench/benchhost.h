@@ -34,6 +34,16 @@ static inline double bh_cpu(void)
          (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+/* Removes a directory the benchmark made for its store (mkdtemp under /tmp), with what
+ * the store left in it; says so on stderr, prefixed with `who`, when it cannot. */
+static inline void bh_remove_dir(const char *dir, const char *who)
+{
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "%s: cannot remove %s\n", who, dir);
+}
+
 /* berth_options.log: errors only (a benchmark's output is its figures). */
 static inline void bh_quiet(void *ud, berth_log_level level, const char *m)
 {

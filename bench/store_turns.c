@@ -273,12 +273,8 @@ static int one(const char *engine, unsigned n, unsigned turns, unsigned probes, 
   berth_store_free(st);
   free(convs);
   free(ids);
-  if (*path) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", path);
-    if (system(cmd) != 0)
-      fprintf(stderr, "store_turns: cannot remove %s\n", path);
-  }
+  if (*path)
+    bh_remove_dir(path, "store_turns");
   return 0;
 }
 

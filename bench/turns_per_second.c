@@ -358,12 +358,8 @@ int main(int argc, char **argv)
   free(b.lat);
   berth_host_free(b.h);
   berth_store_free(store);
-  if (*dir) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
-      fprintf(stderr, "turns_per_second: could not remove %s\n", dir);
-  }
+  if (*dir)
+    bh_remove_dir(dir, "turns_per_second");
   berth_model_free(model);
   ev_loop_destroy(b.loop);
   return ok ? 0 : 1;
