@@ -1,8 +1,9 @@
 /*
  * idmap.h — the one hash table for id lookups: libplimsoll's sandbox map
- * (sandboxes.c), berth's conversations by public id (runtime/faces/serve.c) and its
- * owners by run id (runtime/core/natives.c).  Internal: not part of plimsoll.h, not
- * installed; exported from libplimsoll like curl_ev.h, so the project has one.
+ * (sandboxes.c), berth's conversations by public id (runtime/faces/serve.c) and by run
+ * id (runtime/core/agent.c), and its owners by run id (runtime/core/natives.c).
+ * Internal: not part of plimsoll.h, not installed; exported from libplimsoll like
+ * curl_ev.h, so the project has one.
  *
  * Intrusive, as libev's watchers are: the caller embeds a plm_idmap_node in its own
  * struct, sets the node's key (a NUL-terminated string the struct owns, unchanged while
