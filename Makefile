@@ -246,10 +246,13 @@ bench: deps
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer (clang; the
 # runtime comes from libclang-rt-14-dev).  Daemons the tests start are built the same way.
+# The sanitizer's malloc is the process's there: jemalloc is not linked first
+# (PROG_HEAP_LIBS), or its C++ operator new (simdjson's buffers) would allocate from
+# jemalloc and its delete free through the sanitizer's free.
 SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang CXX=clang++ OPT="-O1 -g $(SAN)" \
-	  LDFLAGS="$(SAN)" all tests
+	  LDFLAGS="$(SAN)" PROG_HEAP_LIBS= all tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) \
 	  $(FUZZ_REPLAY:$(BUILD)/%=build-asan/%) $(filter-out $(NOT_UNDER_ASAN),$(TEST_SH))
