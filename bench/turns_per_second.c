@@ -254,7 +254,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "turns_per_second: %s\n", e->message);
         return 1;
       }
-      berth_conv_message(kept[i], "hello");
+      next_message(&b, kept[i]);
     }
     ev_run(b.loop, 0);
     for (unsigned i = 0; i < held && !b.stop; i++)
@@ -293,7 +293,7 @@ int main(int argc, char **argv)
   double w0 = bh_now(), c0 = bh_cpu();
   for (unsigned i = 0; i < n; i++) {
     b.sent[i] = bh_now();
-    berth_conv_message(b.convs[i], "hello");
+    next_message(&b, b.convs[i]);
   }
   ev_run(b.loop, 0);
   double wall = bh_now() - w0, cpu_s = bh_cpu() - c0;
