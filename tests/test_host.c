@@ -139,6 +139,41 @@ static void test_memory_bomb_is_stopped(void **state)
   stop(t);
 }
 
+/* Live data near the cap: a full collection would free nothing, so the host must not
+ * run one after every turn (it did, and such a host spent all its time collecting). */
+static void test_live_data_near_the_cap_is_not_collected_every_turn(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  /* 28 of the 32 MiB held for good: with the rest of the state, past 7/8 of the cap,
+   * where every turn collected */
+  assert_string_equal(turn(t, "keep = {}\n"
+                              "for i = 1, 28 * 16 do keep[i] = string.rep('k', 1 << 16) .. i end\n"
+                              "return #keep"),
+                      "448");
+  uint64_t before = t->host->mem.collections;
+  for (int i = 0; i < 40; i++)
+    assert_string_equal(turn(t, "return #keep[1]"), "65537");
+  uint64_t quiet = t->host->mem.collections - before;
+  assert_true(quiet <= 2);
+  /* nor after every failure */
+  for (int i = 0; i < 10; i++)
+    assert_contains(turn(t, "error('plain')"), "plain");
+  assert_true(t->host->mem.collections - before <= quiet + 1);
+  /* garbage of a MiB or more a turn: collections come again */
+  for (int i = 0; i < 4; i++)
+    assert_string_equal(turn(t, "return #(string.rep('g', 1 << 20) .. 'x')"), "1048577");
+  assert_true(t->host->mem.collections - before > quiet + 1);
+  /* what is no longer live is freed once a hook needs the room: the first turn to
+   * need it may still find it taken (nothing collected since keep was dropped), and
+   * its refused allocation makes the host collect */
+  assert_string_equal(turn(t, "keep = nil return 'dropped'"), "dropped");
+  const char *big = "local s = string.rep('y', 8 << 20) return #s";
+  if (strcmp(turn(t, big), "8388608") != 0)
+    assert_string_equal(turn(t, big), "8388608");
+  stop(t);
+}
+
 /* The hook's failure is logged with a Lua traceback that names the hook's file and
  * line; the event carries the first line only. */
 static void assert_logged_traceback(const ht *t, const char *hook, const char *what,
@@ -737,6 +772,7 @@ int main(void)
     cmocka_unit_test(test_pcall_loop_cannot_swallow_the_budget),
     cmocka_unit_test(test_budget_counts_user_coroutines),
     cmocka_unit_test(test_memory_bomb_is_stopped),
+    cmocka_unit_test(test_live_data_near_the_cap_is_not_collected_every_turn),
     cmocka_unit_test(test_error_in_each_hook),
     cmocka_unit_test(test_restricted_environment),
     cmocka_unit_test(test_waiting_at_load_time_is_refused),

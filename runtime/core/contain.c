@@ -53,8 +53,10 @@ void *berth_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     m->used -= old;
     return NULL;
   }
-  if (m->enforce && m->limit && nsize > old && m->used + (nsize - old) > m->limit)
+  if (m->enforce && m->limit && nsize > old && m->used + (nsize - old) > m->limit) {
+    m->refused = true;          /* the host collects when the task ends */
     return NULL;                /* Lua collects, retries once, then raises "not enough memory" */
+  }
   void *p = heap_realloc(ptr, nsize);
   if (p) {
     m->used = m->used - old + nsize;

@@ -35,6 +35,9 @@ typedef struct berth_mem {
   size_t used, limit;            /* bytes; limit 0 = none */
   size_t peak;
   size_t after_gc;               /* in use after the last collection task_end forced */
+  uint64_t collections;          /* how many task_end forced (tests read it) */
+  bool gc_idle;                  /* the last of those freed under a 32nd of the cap */
+  bool refused;                  /* an allocation was refused at the cap since */
   bool enforce;                  /* only while Lua code of a task runs */
 } berth_mem;
 
