@@ -222,15 +222,15 @@ static void task_unlink(berth_task *t)
 /* Whether task_end should run a full collection.  A hook may have filled the state
  * (a memory bomb), and lauxlib's buffers grow without the emergency collection Lua's
  * own allocations get: when the cap refused an allocation, or a hook failed, collect,
- * as Redis paces its GC between calls rather than during them.  Past half the cap a full collection also runs, once the state
- * has grown by half since the last one (up to 7/8 of the cap): many live
- * conversations keep it over half for good, and a collection after every task would
- * cost time growing with their number at every turn.
- * When the last collection freed little (under a 32nd of the cap), what is live
- * fills the state, and another one right away would free as little: the next waits
- * until the state has grown by a 32nd of the cap.  Collecting after every task there
- * made such a host spend all its time collecting (100 000 conversations held in a
- * 256 MiB state did not finish 10 000 turns in 15 minutes). */
+ * as Redis paces its GC between calls rather than during them.  Past half the cap a
+ * full collection also runs, once the state has grown by half since the last one (up
+ * to 7/8 of the cap): many live conversations keep it over half for good, and a
+ * collection after every task would cost time growing with their number at every turn.
+ * When the last collection freed little (under a 32nd of the cap), what is live fills
+ * the state, and another one right away would free as little: the next waits until
+ * the state has grown by a 32nd of the cap (but for a refused allocation).  Near the
+ * cap, collecting after every task made such a host spend its time collecting
+ * (test_host: test_live_data_near_the_cap_is_not_collected_every_turn). */
 static bool should_collect(const berth_mem *m, bool ok)
 {
   if (!m->limit)
@@ -261,7 +261,7 @@ static void task_end(berth_task *t, bool ok, const char *error)
     size_t before = h->mem.used;
     lua_gc(h->L, LUA_GCCOLLECT);
     h->mem.after_gc = h->mem.used;
-    h->mem.gc_idle = before - h->mem.used < h->mem.limit / 32;
+    h->mem.gc_idle = before < h->mem.used + h->mem.limit / 32; /* used may have grown */
     h->mem.refused = false;
     h->mem.collections++;
   }
