@@ -45,8 +45,9 @@ TPS_POINTS = [100, 300, 1000, 3000, 10000, 30000]
 IDLE_POINTS = [1000, 3000, 10000, 30000, 100000]
 SERVE_POINTS = [10, 30, 100, 300, 1000, 2000]
 # turns_per_second --held: 1 000 conversations turning beside this many held (suspended,
-# stored) ones, on each store engine.  (Without a store, 100 000 held keep their history
-# in the Lua heap, past what its 256 MiB cap lets a host collect in time.)
+# stored) ones, on each store engine.  (Without a store, 100 000 held with three turns
+# each keep their history in the Lua heap, past 15/16 of its 256 MiB cap: the host
+# refuses new messages there, and the run stops.)
 HELD_POINTS = [0, 1000, 10000, 100000]
 HELD_ENGINES = ["memory", "sqlite"]
 HELD_ROUNDS = 3  # each point is the run of median turns/s (this machine varies 20-40 %)

@@ -76,15 +76,19 @@ static void on_message(void *ud, berth_conv *c, const char *t, size_t n)
   ((bench *)ud)->messages++;
 }
 
-/* The conversation's next message; a refusal counts as a failed turn. */
+/* The conversation's next message.  A refusal (the host is full) counts as a failed
+ * turn and stops the run: the host cannot do what was asked of it. */
 static void next_message(bench *b, berth_conv *c)
 {
   berth_error *e = berth_conv_message(c, "hello");
-  if (e) {
+  if (!e)
+    return;
+  if (!b->stop)
     fprintf(stderr, "turns_per_second: %s\n", e->message);
-    berth_error_free(e);
-    b->failed++;
-  }
+  berth_error_free(e);
+  b->failed++;
+  b->stop = true;
+  ev_break(b->loop, EVBREAK_ALL);
 }
 
 /* A held conversation's turn: the next one, or the phase ends with the last. */

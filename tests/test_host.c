@@ -174,6 +174,45 @@ static void test_live_data_near_the_cap_is_not_collected_every_turn(void **state
   stop(t);
 }
 
+/* Live data filling the cap: new conversations and messages are refused up front
+ * ("capacity"), not admitted to fail one by one at the cap, and refusing them does
+ * not collect every time; dropping a conversation makes room again. */
+static void test_live_data_filling_the_cap_refuses_new_work(void **state)
+{
+  (void)state;
+  ht *t = start_eval(small_budget);
+  /* 30.5 of the 32 MiB, held by the conversation: past 15/16 with the state's own */
+  assert_string_equal(turn(t, "local ctx = ...\nctx.keep = {}\n"
+                              "for i = 1, 488 do ctx.keep[i] = string.rep('k', 1 << 16) .. i end\n"
+                              "return #ctx.keep"),
+                      "488");
+  berth_error *e = berth_conv_message(t->conv, "return 1");
+  assert_non_null(e);
+  assert_string_equal(e->code, "capacity");
+  assert_contains(e->message, "live data");
+  berth_error_free(e);
+  uint64_t collections = t->host->mem.collections;
+  berth_conv *other = NULL;
+  for (int i = 0; i < 20; i++) {
+    e = berth_conv_open(t->host, NULL, &other);
+    assert_non_null(e);
+    assert_string_equal(e->code, "capacity");
+    berth_error_free(e);
+    assert_null(other);
+  }
+  assert_true(t->host->mem.collections == collections);
+  berth_stats st;
+  berth_host_stats(t->host, &st);
+  assert_int_equal(st.capacity_refusals, 21);
+  assert_int_equal(st.turns_started, 1);
+  /* the conversation goes, and with it its data: the next one is taken and runs */
+  berth_conv_free(t->conv);
+  e = berth_conv_open(t->host, NULL, &t->conv);
+  assert_null(e);
+  assert_string_equal(turn(t, "return 'room again'"), "room again");
+  stop(t);
+}
+
 /* The hook's failure is logged with a Lua traceback that names the hook's file and
  * line; the event carries the first line only. */
 static void assert_logged_traceback(const ht *t, const char *hook, const char *what,
@@ -773,6 +812,7 @@ int main(void)
     cmocka_unit_test(test_budget_counts_user_coroutines),
     cmocka_unit_test(test_memory_bomb_is_stopped),
     cmocka_unit_test(test_live_data_near_the_cap_is_not_collected_every_turn),
+    cmocka_unit_test(test_live_data_filling_the_cap_refuses_new_work),
     cmocka_unit_test(test_error_in_each_hook),
     cmocka_unit_test(test_restricted_environment),
     cmocka_unit_test(test_waiting_at_load_time_is_refused),

@@ -404,6 +404,7 @@ static void on_suspend_stored(void *ud, const berth_error *err)
         !c->unloaded) {
       luaL_unref(c->h->L, LUA_REGISTRYINDEX, c->ctx_ref);
       c->ctx_ref = LUA_NOREF;
+      c->h->mem.released = true;
       c->stored_tbl = NULL;
       c->unloaded = true;
     }
@@ -961,6 +962,19 @@ static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
   return NULL;
 }
 
+/* What is live fills the Lua state: new work would only fail at its cap, each failure
+ * after an emergency collection of the whole state, so it is refused up front. */
+static berth_error *memory_refusal(berth_host *h, const char *what)
+{
+  h->st.capacity_refusals++;
+  berth_count_error(h, "host", "capacity");
+  return berth_error_new("capacity", "the Lua state's live data fills %zu of its %zu MiB "
+                                     "cap, so it takes no new %s; complete conversations, "
+                                     "keep them in a store (which unloads idle ones) or "
+                                     "raise the cap", h->mem.used >> 20, h->mem.limit >> 20,
+                         what);
+}
+
 berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_conv **out)
 {
   *out = NULL;
@@ -977,6 +991,8 @@ berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_c
                                        "complete one first or retry later",
                            h->o.max_conversations);
   }
+  if (berth_host_memory_full(h))
+    return memory_refusal(h, "conversations");
   if (o->metadata && !json_is_object(o->metadata))
     return berth_error_new("invalid_argument", "a conversation's metadata must be a JSON "
                                                "object");
@@ -1109,6 +1125,8 @@ static berth_error *conv_message(berth_conv *c, const char *message,
     return berth_error_new("capacity", "the host holds its limit of %zu queued messages; "
                                        "retry later", h->o.max_queued_messages);
   }
+  if (berth_host_memory_full(h))
+    return memory_refusal(h, "messages");
   if (store_of(c) && berth_store_failing(store_of(c))) {
     /* Nothing new is queued while the store fails: refused messages would each keep
      * their writes in memory until it comes back (issue 13). */
@@ -1255,6 +1273,7 @@ void berth_conv_free(berth_conv *c)
   if (c->unload)
     c->unload->c = NULL;
   luaL_unref(h->L, LUA_REGISTRYINDEX, c->ctx_ref);
+  h->mem.released = true;
   if (c->prev)
     c->prev->next = c->next;
   else

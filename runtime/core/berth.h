@@ -58,7 +58,8 @@ typedef struct berth_store berth_store;     /* store/store.h */
 
 /* An error value.  `code` is a static string, one of:
  *   "invalid_argument"  the call was malformed (a NULL message, a bad option)
- *   "capacity"          a limit was reached (conversations, queued messages); retry later
+ *   "capacity"          a limit was reached (conversations, queued messages, the Lua
+ *                       state's live data filling its memory cap); retry later
  *   "shutting_down"     the host is shutting down and takes no new work
  *   "completed"         the conversation is completing or completed
  *   "exists"            a conversation with this run id is open already
@@ -293,8 +294,8 @@ typedef struct berth_conv_options {
   const char *caller;
 } berth_conv_options;
 
-/* Opens a conversation.  Errors: "capacity" (max_conversations), "shutting_down",
- * "exists" (the run id is taken), "invalid_argument". */
+/* Opens a conversation.  Errors: "capacity" (max_conversations, or live data filling
+ * the memory cap), "shutting_down", "exists" (the run id is taken), "invalid_argument". */
 berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_conv **out);
 /* A conversation identified by its run id (the sandbox key); user_id (optional) is the
  * owner the server authenticated, handed to hooks as ctx.userId.  No limits apply;
@@ -302,7 +303,8 @@ berth_error *berth_conv_open(berth_host *h, const berth_conv_options *o, berth_c
 berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_id);
 /* Queues a user message: runs onTurnStart then onTurn (resuming a suspended
  * conversation first), when a turn slot is free.  Errors: "completed",
- * "shutting_down", "capacity" (max_queued_messages), "invalid_argument". */
+ * "shutting_down", "capacity" (max_queued_messages, or live data filling the memory
+ * cap), "invalid_argument". */
 berth_error *berth_conv_message(berth_conv *c, const char *message);
 /* The same; returns -1 on any of those errors. */
 int berth_conv_send(berth_conv *c, const char *message);

@@ -59,6 +59,8 @@ void *berth_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
   }
   void *p = heap_realloc(ptr, nsize);
   if (p) {
+    if (nsize > old)
+      m->grown += nsize - old;
     m->used = m->used - old + nsize;
     if (m->used > m->peak)
       m->peak = m->used;

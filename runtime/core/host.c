@@ -249,6 +249,36 @@ static bool should_collect(const berth_mem *m, bool ok)
   return m->used > m->limit / 2 && m->used > grown;
 }
 
+static void collect(berth_host *h)
+{
+  berth_mem *m = &h->mem;
+  size_t before = m->used;
+  lua_gc(h->L, LUA_GCCOLLECT);
+  m->after_gc = m->used;
+  m->gc_idle = before < m->used + m->limit / 32; /* used may have grown */
+  m->refused = m->released = false;
+  m->grown = 0;
+  m->collections++;
+}
+
+/* Live data past 15/16 of the cap leaves a turn too little room: admitted anyway, turns
+ * failed at the cap one after another, each after Lua's emergency collection of the
+ * whole state, and a host given 100 000 conversations without a store spent minutes
+ * doing nothing else (bench/turns_per_second --held 100000).  What is in the state may
+ * be garbage: it is collected first, unless nothing that could change the answer
+ * happened since the last collection, so that a flood of refused requests does not
+ * cost a full collection each. */
+bool berth_host_memory_full(berth_host *h)
+{
+  berth_mem *m = &h->mem;
+  size_t near_cap = m->limit - m->limit / 16;
+  if (!m->limit || m->used <= near_cap)
+    return false;
+  if (m->released || m->refused || m->grown > m->limit / 32 || m->after_gc <= near_cap)
+    collect(h);
+  return m->used > near_cap;
+}
+
 static void task_end(berth_task *t, bool ok, const char *error)
 {
   berth_host *h = t->h;
@@ -257,14 +287,8 @@ static void task_end(berth_task *t, bool ok, const char *error)
     t->done(t->ud, t, ok, error);
   free(t->what);
   free(t);
-  if (should_collect(&h->mem, ok)) {
-    size_t before = h->mem.used;
-    lua_gc(h->L, LUA_GCCOLLECT);
-    h->mem.after_gc = h->mem.used;
-    h->mem.gc_idle = before < h->mem.used + h->mem.limit / 32; /* used may have grown */
-    h->mem.refused = false;
-    h->mem.collections++;
-  }
+  if (should_collect(&h->mem, ok))
+    collect(h);
 }
 
 void berth_task_kill(berth_task *t)

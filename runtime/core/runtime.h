@@ -38,10 +38,16 @@ typedef struct berth_mem {
   uint64_t collections;          /* how many task_end forced (tests read it) */
   bool gc_idle;                  /* the last of those freed under a 32nd of the cap */
   bool refused;                  /* an allocation was refused at the cap since */
+  bool released;                 /* a conversation's ctx was dropped since */
+  size_t grown;                  /* bytes allocated since (growth only) */
   bool enforce;                  /* only while Lua code of a task runs */
 } berth_mem;
 
 void *berth_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+/* Whether what is live in the Lua state fills 15/16 of its cap, so that new conversations
+ * and messages are refused ("capacity").  Known from the last forced collection, or a
+ * new one when a 32nd of the cap was allocated or a conversation dropped since. */
+bool berth_host_memory_full(berth_host *h);
 /* Arms the instruction-budget hook on thread co for the current task. */
 void berth_budget_arm(berth_host *h, lua_State *co);
 /* C code of a hook call did `steps` units of work (pattern-matcher steps, table
