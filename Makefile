@@ -191,11 +191,11 @@ $(BUILD)/libplimsoll.a: $(LIB_OBJ)
 
 # Only the public API leaves the shared library: a version script lists every plm_
 # function the public headers declare, and curl_ev.h's (the curl-on-libev driver that
-# libberth's model client shares), idmap.h's (the one id hash table) and json_text.h's
-# (the one JSON reader and writer of the wire, sandboxd's too); the rest of lib/
-# (internal.h) stays local.
+# libberth's model client shares), idmap.h's (the one id hash table), json_text.h's
+# (the one JSON reader and writer of the wire, sandboxd's too) and random.h's (ids per
+# request); the rest of lib/ (internal.h) stays local.
 $(BUILD)/plimsoll.map: lib/plimsoll.h lib/plimsoll_sandboxes.h lib/curl_ev.h lib/idmap.h \
-                       lib/json_text.h
+                       lib/json_text.h lib/random.h
 	@mkdir -p $(dir $@)
 	@{ echo '{ global:'; grep -ohE '\bplm_[a-z0-9_]+ *\(' $^ | tr -d ' (' | sort -u | \
 	   sed 's/$$/;/'; echo 'local: *; };'; } > $@

@@ -13,12 +13,12 @@
  */
 #include "curl_ev.h"
 #include "internal.h"
+#include "random.h"
 
 #include <curl/curl.h>
 #include <errno.h>
 #include <ev.h>
 #include <openssl/crypto.h>
-#include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -363,7 +363,7 @@ void plm_http_free(plm_http *h)
 static void new_request_id(char out[33])
 {
     unsigned char b[16];
-    if (RAND_bytes(b, sizeof b) != 1)
+    if (!plm_random_bytes(b, sizeof b))
         abort(); /* no randomness: refusing to run beats reusing ids */
     plm_hex_encode(b, sizeof b, out);
 }

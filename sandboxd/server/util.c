@@ -3,9 +3,9 @@
  */
 #include "util.h"
 #include "plimsoll.h"
+#include "random.h" /* lib/ */
 
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +79,8 @@ int64_t sbx_now_ms(void)
 
 bool sbx_random_hex(size_t n, char *out)
 {
-    unsigned char buf[64];
-    if (n > sizeof buf || RAND_bytes(buf, (int)n) != 1)
+    unsigned char buf[PLM_RANDOM_MAX];
+    if (n > sizeof buf || !plm_random_bytes(buf, n))
         return false;
     plm_hex_encode(buf, n, out);
     return true;

@@ -24,8 +24,9 @@ char *sbx_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Wall clock in Unix milliseconds (records carry these). */
 int64_t sbx_now_ms(void);
 
-/* n random bytes from OpenSSL as 2n lowercase hex digits (plm_hex_encode: lowercase hex
- * of bytes is libplimsoll's); false when RAND_bytes fails. */
+/* n (<= 64) random bytes from OpenSSL's generator (lib/random.h: drawn a kilobyte at a
+ * time) as 2n lowercase hex digits (plm_hex_encode: lowercase hex of bytes is
+ * libplimsoll's); false when the generator fails. */
 bool sbx_random_hex(size_t n, char *out);
 
 /* Standard base64 of bytes (malloc'd); `padded` false drops the '=' (error details). */
