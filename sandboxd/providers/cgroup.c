@@ -315,19 +315,33 @@ size_t sbx_cgroup_tasks(const sbx_cgroup *cg, bool kill_them)
     return n;
 }
 
-uint64_t sbx_cgroup_oom_kills(const sbx_cgroup *cg)
+uint64_t sbx_cgroup_oom_kills(sbx_cgroup *cg)
 {
     if (!cg->dir[SBX_CG_MEMORY])
         return 0;
-    char path[512];
-    snprintf(path, sizeof path, "%s/memory.oom_control", cg->dir[SBX_CG_MEMORY]);
-    char *s = read_path(path);
-    uint64_t n = 0;
-    char *at = s ? strstr(s, "oom_kill ") : NULL;
-    if (at)
-        n = strtoull(at + 9, NULL, 10);
-    free(s);
-    return n;
+    if (!cg->oom_fd1) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/memory.oom_control", cg->dir[SBX_CG_MEMORY]);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return 0;
+        cg->oom_fd1 = fd + 1;
+    }
+    /* A cgroup file is made afresh by every read from offset 0. */
+    char buf[512];
+    ssize_t n = pread(cg->oom_fd1 - 1, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *at = strstr(buf, "oom_kill ");
+    return at ? strtoull(at + 9, NULL, 10) : 0;
+}
+
+static void close_oom(sbx_cgroup *cg)
+{
+    if (cg->oom_fd1)
+        close(cg->oom_fd1 - 1);
+    cg->oom_fd1 = 0;
 }
 
 char *sbx_cgroup_read(const sbx_cgroup *cg, int controller, const char *file)
@@ -342,6 +356,7 @@ char *sbx_cgroup_read(const sbx_cgroup *cg, int controller, const char *file)
 int sbx_cgroup_remove(sbx_cgroup *cg)
 {
     int rc = 0;
+    close_oom(cg);              /* (an open file does not keep the group from going) */
     for (int c = 0; c < SBX_CG_N; c++) {
         if (!cg->dir[c])
             continue;
@@ -357,6 +372,7 @@ int sbx_cgroup_remove(sbx_cgroup *cg)
 
 void sbx_cgroup_forget(sbx_cgroup *cg)
 {
+    close_oom(cg);
     for (int c = 0; c < SBX_CG_N; c++) {
         free(cg->dir[c]);
         cg->dir[c] = NULL;

@@ -25,6 +25,7 @@ typedef struct sbx_cglimits {
 typedef struct sbx_cgroup {
     char *dir[SBX_CG_N];           /* NULL for a controller we do not use */
     bool memsw;                    /* swap accounted and capped too */
+    int oom_fd1;                   /* memory.oom_control kept open, fd + 1 (0: not yet) */
 } sbx_cgroup;
 
 /* Whether cgroup v1 groups can be made here (root, the controllers mounted); `why`
@@ -44,8 +45,9 @@ int sbx_cgroup_enter(const sbx_cgroup *cg);
 int sbx_cgroup_freeze(const sbx_cgroup *cg, bool frozen);
 /* Number of tasks left (0 = empty); kills them when `kill_them`. */
 size_t sbx_cgroup_tasks(const sbx_cgroup *cg, bool kill_them);
-/* How many times the memory controller's OOM killer acted in the group. */
-uint64_t sbx_cgroup_oom_kills(const sbx_cgroup *cg);
+/* How many times the memory controller's OOM killer acted in the group.  Read before
+ * every cell, so the file stays open (one pread a cell, not open, two reads and close). */
+uint64_t sbx_cgroup_oom_kills(sbx_cgroup *cg);
 /* Reads a controller file back (for the smoke test); malloc'd, or NULL. */
 char *sbx_cgroup_read(const sbx_cgroup *cg, int controller, const char *file);
 /* Removes the directories (after its tasks are gone).  Returns 0, or -1 when a group
