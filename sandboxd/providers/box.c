@@ -432,6 +432,11 @@ static void read_stream(sbx_box *b, int lang, int which, size_t limit, bool unti
             ln->start_err_len += take;
             ln->start_err[ln->start_err_len] = '\0';
         }
+        /* A short read emptied the FIFO: the watcher (level-triggered) comes back for
+         * what is written next, so asking again now would only fail with EAGAIN, a
+         * system call per stream and cell.  After a cell's end, read on to its mark. */
+        if (!until_mark && (size_t)n < sizeof buf)
+            return;
     }
 }
 
@@ -499,6 +504,11 @@ static void on_reply(sbx_box *b, int lang, const unsigned char *body, size_t len
          * whatever is queued is taken). */
         read_stream(b, lang, F_OUT, DRAIN_LIMIT, true);
         read_stream(b, lang, F_ERR, DRAIN_LIMIT, true);
+        /* Read to their marks here: what the streams' watchers were woken for is
+         * taken, and their turns in this round would each find the FIFO empty.  More
+         * written since wakes them again (level-triggered). */
+        ev_clear_pending(b->loop, &ln->out_io);
+        ev_clear_pending(b->loop, &ln->err_io);
         ln->strays = 0;
         ln->state = SBX_I_IDLE;
         sbx_cell_result r;
