@@ -212,6 +212,8 @@ static int classify(lua_State *L, int idx, lua_Integer *n)
 
 typedef struct skey { const char *s; size_t len; int slot; } skey;
 
+#define SMALL_OBJECT 8          /* keys of an object filled in one traversal */
+
 static int cmp_keys(const void *a, const void *b)
 {
   const skey *x = a, *y = b;
@@ -225,7 +227,16 @@ static int cmp_keys(const void *a, const void *b)
 static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, size_t n,
                        int ordered)
 {
-  qsort(keys, n, sizeof *keys, cmp_keys);
+  if (n <= SMALL_OBJECT) {       /* insertion: no call per comparison for a few keys */
+    for (size_t i = 1; i < n; i++) {
+      skey k = keys[i];
+      size_t j = i;
+      for (; j > 0 && cmp_keys(&keys[j - 1], &k) > 0; j--)
+        keys[j] = keys[j - 1];
+      keys[j] = k;
+    }
+  } else
+    qsort(keys, n, sizeof *keys, cmp_keys);
   for (size_t i = 0; i < n; i++) {
     if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
       continue;
@@ -244,9 +255,9 @@ static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, 
  * in one traversal: its keys and values are left on the stack and sorted in a C
  * array, so it costs no Lua allocation and no second lookup of each value.  False,
  * with the stack as it was, for a larger one. */
-#define SMALL_OBJECT 8
 
-static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered)
+static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered,
+                              const char *not_string)
 {
   skey keys[SMALL_OBJECT];
   int base = lua_gettop(L);
@@ -259,7 +270,7 @@ static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   lua_pushnil(L);
   while (lua_next(L, idx)) {      /* ... k1 v1 ... k v */
     if (lua_type(L, -2) != LUA_TSTRING)
-      conv_error(L, b, "a table whose keys are not all strings");
+      conv_error(L, b, not_string);
     if (n == SMALL_OBJECT) {
       lua_settop(L, base);
       return false;
@@ -275,14 +286,15 @@ static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   return true;
 }
 
-static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered)
+static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered,
+                              const char *not_string)
 {
   size_t n = 0;
   lua_pushnil(L);
   while (lua_next(L, idx)) {
     lua_pop(L, 1);
     if (lua_type(L, -1) != LUA_TSTRING)
-      conv_error(L, b, "a table whose keys are not all strings");
+      conv_error(L, b, not_string);
     n++;
   }
   /* The key list is a userdata so it is collected if add_value raises; the key
@@ -302,7 +314,7 @@ static void fill_large_object(lua_State *L, jbox *b, int idx, json_t *obj, int o
   lua_remove(L, keys_idx);
 }
 
-static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj)
+static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj, const char *not_string)
 {
   /* Keys named by __jsonorder first, in that order. */
   int ordered = 0;
@@ -325,8 +337,8 @@ static void fill_object(lua_State *L, jbox *b, int idx, json_t *obj)
     lua_pop(L, 2);
   }
   /* The rest in byte order, so output is deterministic. */
-  if (!fill_small_object(L, b, idx, obj, ordered))
-    fill_large_object(L, b, idx, obj, ordered);
+  if (!fill_small_object(L, b, idx, obj, ordered, not_string))
+    fill_large_object(L, b, idx, obj, ordered, not_string);
 }
 
 /* Builds the value at idx and attaches it to parent (an array when key is NULL)
@@ -406,15 +418,31 @@ static void add_value(lua_State *L, jbox *b, int idx, json_t *parent, const char
       kind = 2;
     lua_pop(L, 2);
   }
+  static const char mixed[] = "a table with mixed or sparse keys (use json.array or "
+                               "string keys)";
+  const char *not_string = "a table whose keys are not all strings";
   lua_Integer n = 0;
   if (kind == 1)
     n = (lua_Integer)lua_rawlen(L, idx);
   else if (kind == -2) {
-    kind = classify(L, idx, &n);
-    if (kind < 0)
-      conv_error(L, b, "a table with mixed or sparse keys (use json.array or string keys)");
-    if (kind == 0)
-      kind = 2;                 /* {} is an object, as in lua-cjson */
+    /* A string first key makes an object (a message, nearly every table): filling it
+     * checks the other keys, so it is walked once, not classified first. */
+    int first = LUA_TNIL;       /* the type of the first key; none when empty */
+    lua_pushnil(L);
+    if (lua_next(L, idx)) {
+      first = lua_type(L, -2);
+      lua_pop(L, 2);
+    }
+    if (first == LUA_TSTRING) {
+      kind = 2;
+      not_string = mixed;
+    } else {
+      kind = classify(L, idx, &n);
+      if (kind < 0)
+        conv_error(L, b, mixed);
+      if (kind == 0)
+        kind = 2;               /* {} is an object, as in lua-cjson */
+    }
   }
   v = kind == 1 ? json_array() : json_object();
   if (key ? set_key(parent, key, klen, v) : json_array_append_new(parent, v))
@@ -426,7 +454,7 @@ static void add_value(lua_State *L, jbox *b, int idx, json_t *parent, const char
       lua_pop(L, 1);
     }
   } else
-    fill_object(L, b, idx, v);
+    fill_object(L, b, idx, v, not_string);
   b->depth--;
 }
 
