@@ -31,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -65,6 +67,34 @@ typedef struct run {
   bool timed_out;
   char first_problem[512];
 } run;
+
+/* CPU seconds (user and system, all threads) process pid has used so far, from
+ * /proc/PID/stat (fields 14 and 15, after the command name in parentheses). */
+static double proc_cpu(pid_t pid)
+{
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  size_t n = fread(line, 1, sizeof line - 1, f);
+  fclose(f);
+  line[n] = '\0';
+  const char *at = strrchr(line, ')');
+  unsigned long long ut = 0, st = 0;
+  if (!at || sscanf(at + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                    &st) != 2)
+    return 0;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu(void)
+{
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec / 1e6;
+}
 
 static void problem(run *r, const char *fmt, const char *a, const char *b)
 {
@@ -244,9 +274,15 @@ int main(int argc, char **argv)
   double opened = st_now() - t_open;
 
   double t0 = st_now();
+  double cpu0[3] = {proc_cpu(srv.pid), proc_cpu(sbx.pid), self_cpu()};
   r.deadline = t0 + limit;
   st_pump(r.multi, step, &r, limit + 30);
   double wall = st_now() - t0;
+  /* Where the CPU of the turns went: the server, the daemon, this load (per turn). */
+  double per_turn[3] = {proc_cpu(srv.pid) - cpu0[0], proc_cpu(sbx.pid) - cpu0[1],
+                        self_cpu() - cpu0[2]};
+  for (int i = 0; i < 3; i++)
+    per_turn[i] = r.done ? per_turn[i] * 1e6 / (double)r.done : 0;
   unsigned long long want = (unsigned long long)n * cells;
   unsigned long long unfinished = want - r.done;
 
@@ -270,6 +306,8 @@ int main(int argc, char **argv)
   printf("  opened            %u conversations in %.2f s\n", n, opened);
   printf("  turns             %llu of %llu in %.2f s -> %.0f turns/s (one cell each)\n",
          r.done, want, wall, (double)r.done / wall);
+  printf("  CPU per turn      server %.0f us, sandboxd %.0f us, this load %.0f us "
+         "(/proc, clock ticks)\n", per_turn[0], per_turn[1], per_turn[2]);
   printf("  results lost      %llu (+%llu never finished)\n", r.lost, unfinished);
   printf("  misclassified     %llu\n", r.misclassified);
   printf("  turn latency      p50 %.1f ms, p99 %.1f ms, max %.1f ms (client: request to "
@@ -296,6 +334,9 @@ int main(int argc, char **argv)
   bj_fig(j, "wall", wall, "s");
   bj_fig(j, "turns", (double)r.done, "turns");
   bj_fig(j, "rate", (double)r.done / wall, "turns/s");
+  bj_fig(j, "server_cpu_per_turn", per_turn[0], "us");
+  bj_fig(j, "sandboxd_cpu_per_turn", per_turn[1], "us");
+  bj_fig(j, "load_cpu_per_turn", per_turn[2], "us");
   bj_fig(j, "lost", (double)r.lost, "turns");
   bj_fig(j, "never_finished", (double)unfinished, "turns");
   bj_fig(j, "misclassified", (double)r.misclassified, "turns");

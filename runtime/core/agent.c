@@ -323,28 +323,43 @@ static bool store_save(berth_conv *c, bool ctx)
   return ctx;
 }
 
-/* berth_conv_record_event; a "user" event goes with its message's id (NULL: none),
- * which the store indexes: a retry is found without reading the events (store.h). */
-static uint64_t record_event(berth_conv *c, const char *kind, const json_t *data,
-                             const char *message_id)
+/* berth_conv_record_event_text; a "user" event goes with its message's id (NULL:
+ * none), which the store indexes: a retry is found without reading the events
+ * (store.h). */
+static uint64_t record_text(berth_conv *c, const char *kind, const char *text,
+                            const char *message_id)
 {
   uint64_t seq = ++c->last_event;
   berth_store *st = store_of(c);
   if (st) {
-    char *text = data ? plm_json_write(data, NULL) : NULL;
     uint32_t turn = c->turn ? c->turns : c->accepted;
     if (!strcmp(kind, "user"))
       berth_store_put_user_event(st, c->sid, seq, turn, text ? text : "null", message_id);
     else
       berth_store_put_event(st, c->sid, seq, turn, kind, text ? text : "null");
-    free(text);
   }
+  return seq;
+}
+
+static uint64_t record_event(berth_conv *c, const char *kind, const json_t *data,
+                             const char *message_id)
+{
+  if (!store_of(c))
+    return ++c->last_event;     /* (nothing to write the text for) */
+  char *text = data ? plm_json_write(data, NULL) : NULL;
+  uint64_t seq = record_text(c, kind, text, message_id);
+  free(text);
   return seq;
 }
 
 uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data)
 {
   return record_event(c, kind, data, NULL);
+}
+
+uint64_t berth_conv_record_event_text(berth_conv *c, const char *kind, const char *text)
+{
+  return record_text(c, kind, text, NULL);
 }
 
 const char *berth_conv_store_id(const berth_conv *c) { return c->sid ? c->sid : c->run_id; }

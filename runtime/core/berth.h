@@ -335,6 +335,9 @@ void berth_conv_forget_sandbox(berth_conv *c);
  * are the face's: "delta", "turn_end", …; data borrowed).  Returns its number (1, 2, …
  * per conversation, kept across restarts): the SSE `id:`. */
 uint64_t berth_conv_record_event(berth_conv *c, const char *kind, const json_t *data);
+/* The same with data already written as compact JSON text (plm_json_write's), so a face
+ * that sends the text on as well encodes it once.  NULL is JSON null. */
+uint64_t berth_conv_record_event_text(berth_conv *c, const char *kind, const char *text);
 /* The conversation's durable id (its run id without a store). */
 const char *berth_conv_store_id(const berth_conv *c);
 /* Suspends as if the idle timeout had passed (after the queued turns). */

@@ -255,7 +255,6 @@ static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, 
  * in one traversal: its keys and values are left on the stack and sorted in a C
  * array, so it costs no Lua allocation and no second lookup of each value.  False,
  * with the stack as it was, for a larger one. */
-
 static bool fill_small_object(lua_State *L, jbox *b, int idx, json_t *obj, int ordered,
                               const char *not_string)
 {

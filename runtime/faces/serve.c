@@ -39,6 +39,7 @@
 #include "mhd_ev.h"
 #include "tokens.h"
 #include "idmap.h"               /* lib/: the one id hash table */
+#include "json_text.h"           /* lib/: the one compact JSON writer */
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -454,7 +455,7 @@ static struct MHD_Response *text_response(const char *type, char *text)
 
 static struct MHD_Response *json_response(json_t *body)
 {
-  char *text = json_dumps(body, JSON_COMPACT);
+  char *text = plm_json_write(body, NULL);
   json_decref(body);
   if (!text)
     text = berth_xstrdup("{}");
@@ -702,11 +703,12 @@ static void conv_event(berth_conv *c, const char *event, json_t *data)
     json_decref(data);
     return;
   }
-  uint64_t seq = berth_conv_record_event(c, event, data);
-  char *text = json_dumps(data, JSON_COMPACT);  /* one line: no raw newlines */
+  /* One encoding for the store and the streams; compact JSON is one line. */
+  char *text = plm_json_write(data, NULL);
   json_decref(data);
   if (!text)
     return;
+  uint64_t seq = berth_conv_record_event_text(c, event, text);
   stream *st = turn_stream(sc);
   if (st)
     stream_put(st, seq, event, text, false);
