@@ -33,16 +33,19 @@ struct plm_http {
     plm_curl_ev ev;             /* the multi handle on the loop (curl_ev.h) */
     ev_timer reap;              /* zero-delay: completes cancelled exchanges */
     xfer *inflight;
-    CURL *spare[8];             /* easy handles of finished exchanges, reset, for the next */
+    CURL *spare[8];             /* easy handles of finished exchanges, for the next */
     int n_spare;
     char *base_url, *auth_header, *ca_file;
+    struct curl_slist *fixed;   /* the headers every request sends (the bearer's last) */
     long timeout_ms;
 };
 
 struct xfer {
     plm_http *h;
     CURL *easy;
-    struct curl_slist *headers;
+    /* This request's id header, ahead of the fixed ones: only it is built per call. */
+    struct curl_slist id_node;
+    char id_header[64];
     char *req_body;
     const char *method;
     char *buf;
@@ -174,15 +177,14 @@ static void unlink_xfer(plm_http *h, xfer *t)
 static void xfer_free(xfer *t)
 {
     plm_cancel_unlisten(&t->cancel_l);
-    if (t->easy && t->h->n_spare < (int)PLM_ARRAY_LEN(t->h->spare)) {
-        curl_easy_reset(t->easy); /* (options gone; curl's own buffers kept for the next) */
+    /* A spare keeps its options (not curl_easy_reset: 6 600 instructions a call): the
+     * next exchange sets every one of them again, the same set each time, before its
+     * transfer starts.  Meanwhile the pointers they hold (this body, this header
+     * node) dangle unread. */
+    if (t->easy && t->h->n_spare < (int)PLM_ARRAY_LEN(t->h->spare))
         t->h->spare[t->h->n_spare++] = t->easy;
-    } else if (t->easy) {
+    else if (t->easy)
         curl_easy_cleanup(t->easy);
-    }
-    for (struct curl_slist *l = t->headers; l; l = l->next) /* one holds the bearer */
-        OPENSSL_cleanse(l->data, strlen(l->data));
-    curl_slist_free_all(t->headers);
     free(t->req_body);
     free(t->buf);
     plm_error_free(t->x.transport_err);
@@ -326,7 +328,17 @@ plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg)
     h->ca_file = plm_strdup(cfg->ca_file);
     if (cfg->token && *cfg->token)
         h->auth_header = plm_printf("Authorization: Bearer %s", cfg->token);
-    if (!h->base_url || rc != 0) {
+    static const char *const fixed[] = {"Content-Type: application/json",
+                                        "Connect-Protocol-Version: 1",
+                                        "Expect:"}; /* no 100-continue round trip */
+    bool headers_ok = true;
+    for (size_t i = 0; i < PLM_ARRAY_LEN(fixed) + (h->auth_header != NULL); i++) {
+        struct curl_slist *l =
+            curl_slist_append(h->fixed, i < PLM_ARRAY_LEN(fixed) ? fixed[i] : h->auth_header);
+        headers_ok = headers_ok && l;
+        h->fixed = l ? l : h->fixed;
+    }
+    if (!h->base_url || rc != 0 || !headers_ok) {
         plm_http_free(h);
         return NULL;
     }
@@ -353,6 +365,9 @@ void plm_http_free(plm_http *h)
     while (h->n_spare)
         curl_easy_cleanup(h->spare[--h->n_spare]);
     free(h->base_url);
+    for (struct curl_slist *l = h->fixed; l; l = l->next) /* one holds the bearer */
+        OPENSSL_cleanse(l->data, strlen(l->data));
+    curl_slist_free_all(h->fixed);
     if (h->auth_header)
         OPENSSL_cleanse(h->auth_header, strlen(h->auth_header));
     free(h->auth_header);
@@ -385,20 +400,14 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     t->started_us = mono_us();
     new_request_id(t->x.request_id);
     char *url = plm_printf("%s/plimsoll.v1.SandboxService/%s", h->base_url, method);
-    char *id_header = plm_printf("Plimsoll-Request-Id: %s", t->x.request_id);
+    snprintf(t->id_header, sizeof t->id_header, "Plimsoll-Request-Id: %s", t->x.request_id);
+    t->id_node.data = t->id_header;
+    t->id_node.next = h->fixed;
     t->easy = h->n_spare ? h->spare[--h->n_spare] : curl_easy_init();
-    if (!url || !id_header || !t->easy)
+    if (!url || !t->easy)
         goto fail;
-    struct curl_slist *hd = NULL;
-    hd = curl_slist_append(hd, "Content-Type: application/json");
-    hd = curl_slist_append(hd, "Connect-Protocol-Version: 1");
-    hd = curl_slist_append(hd, id_header);
-    hd = curl_slist_append(hd, "Expect:"); /* no 100-continue round trip */
-    if (h->auth_header)
-        hd = curl_slist_append(hd, h->auth_header);
-    t->headers = hd;
     CURL *e = t->easy;
-    plm_curl_ev_post_opts(e, url, body, len, hd, write_cb, header_cb, t, t->errbuf);
+    plm_curl_ev_post_opts(e, url, body, len, &t->id_node, write_cb, header_cb, t, t->errbuf);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, h->timeout_ms);
     curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
     curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
@@ -412,7 +421,6 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK)
         goto fail;
     free(url);
-    free(id_header);
     t->next = h->inflight;
     if (h->inflight)
         h->inflight->prev = t;
@@ -422,7 +430,6 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     return 0;
 fail:
     free(url);
-    free(id_header);
     xfer_free(t);
     return -1;
 }
