@@ -227,14 +227,20 @@ $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libbe
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_bench) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(PROG_HEAP_LIBS) $(RT_LIBS) -lcmocka
 
+# The builds behind test, demo and the checks use every core unless make was given its
+# own -j (its jobserver then reaches the sub-make): single-threaded, building with
+# sanitizers took a good part of CI's 20 minutes on 2 cores.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+
 test: deps
-	@$(MAKE) --no-print-directory all tests
+	@$(MAKE) --no-print-directory $(JOBS) all tests
 	@BUILD=$(BUILD) sh tests/run.sh $(TEST_BIN) $(FUZZ_REPLAY) $(TEST_SH)
 
 tests: $(TEST_BIN)
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(JOBS) all
 	@BUILD=$(BUILD) sh scripts/demo.sh
 
 # Every benchmark, its figures printed as it runs; bench/report.py runs them (the scale
@@ -251,8 +257,8 @@ bench: deps
 # jemalloc and its delete free through the sanitizer's free.
 SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang CXX=clang++ OPT="-O1 -g $(SAN)" \
-	  LDFLAGS="$(SAN)" PROG_HEAP_LIBS= all tests
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan CC=clang CXX=clang++ \
+	  OPT="-O1 -g $(SAN)" LDFLAGS="$(SAN)" PROG_HEAP_LIBS= all tests
 	@BUILD=build-asan ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh $(TEST_BIN:$(BUILD)/%=build-asan/%) \
 	  $(FUZZ_REPLAY:$(BUILD)/%=build-asan/%) $(filter-out $(NOT_UNDER_ASAN),$(TEST_SH))
@@ -263,7 +269,7 @@ NOT_UNDER_ASAN := tests/test_install.sh
 
 # Memcheck over the C test programs: any error or definite leak fails the run.
 check-valgrind: deps
-	@$(MAKE) --no-print-directory all tests
+	@$(MAKE) --no-print-directory $(JOBS) all tests
 	@BUILD=$(BUILD) WRAP="valgrind -q --error-exitcode=99 --leak-check=full \
 	  --errors-for-leak-kinds=definite --show-leak-kinds=definite" sh tests/run.sh $(TEST_BIN)
 

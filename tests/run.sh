@@ -10,6 +10,7 @@ log=$(mktemp); trap 'rm -f "$log"' EXIT
 for t in "$@"; do
     name=$(basename "$t")
     echo "== $name"
+    started=$(date +%s)
     # A hung program fails instead of stalling the run (TEST_TIMEOUT seconds each).
     case "$t" in
         *.sh) timeout -k 10 "${TEST_TIMEOUT:-600}" "$t" >"$log" 2>&1; rc=$? ;;
@@ -17,6 +18,7 @@ for t in "$@"; do
     esac
     [ "$rc" -eq 124 ] && echo "$name: timed out after ${TEST_TIMEOUT:-600} s" >>"$log"
     cat "$log"
+    echo "-- $name: $(( $(date +%s) - started )) s"   # where a long run's time goes
     p=$(sed -n 's/^\[  PASSED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     k=$(sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) test.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
