@@ -35,7 +35,7 @@ struct plm_http {
     xfer *inflight;
     CURL *spare[8];             /* easy handles of finished exchanges, for the next */
     int n_spare;
-    char *base_url, *auth_header, *ca_file;
+    char *base_url, *ca_file;
     struct curl_slist *fixed;   /* the headers every request sends (the bearer's last) */
     long timeout_ms;
 };
@@ -326,17 +326,21 @@ plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg)
     h->timeout_ms = cfg->timeout_ms;
     h->base_url = strdup(cfg->base_url);
     h->ca_file = plm_strdup(cfg->ca_file);
-    if (cfg->token && *cfg->token)
-        h->auth_header = plm_printf("Authorization: Bearer %s", cfg->token);
-    static const char *const fixed[] = {"Content-Type: application/json",
-                                        "Connect-Protocol-Version: 1",
-                                        "Expect:"}; /* no 100-continue round trip */
-    bool headers_ok = true;
-    for (size_t i = 0; i < PLM_ARRAY_LEN(fixed) + (h->auth_header != NULL); i++) {
-        struct curl_slist *l =
-            curl_slist_append(h->fixed, i < PLM_ARRAY_LEN(fixed) ? fixed[i] : h->auth_header);
-        headers_ok = headers_ok && l;
+    /* The bearer's header exists once, in this list, cleansed when it is freed. */
+    char *auth = cfg->token && *cfg->token ? plm_printf("Authorization: Bearer %s", cfg->token)
+                                           : NULL;
+    const char *headers[] = {"Content-Type: application/json", "Connect-Protocol-Version: 1",
+                             "Expect:", /* no 100-continue round trip */
+                             auth};
+    bool headers_ok = !(cfg->token && *cfg->token && !auth);
+    for (size_t i = 0; headers_ok && i < PLM_ARRAY_LEN(headers) && headers[i]; i++) {
+        struct curl_slist *l = curl_slist_append(h->fixed, headers[i]);
+        headers_ok = l != NULL;
         h->fixed = l ? l : h->fixed;
+    }
+    if (auth) {
+        OPENSSL_cleanse(auth, strlen(auth));
+        free(auth);
     }
     if (!h->base_url || rc != 0 || !headers_ok) {
         plm_http_free(h);
@@ -368,9 +372,6 @@ void plm_http_free(plm_http *h)
     for (struct curl_slist *l = h->fixed; l; l = l->next) /* one holds the bearer */
         OPENSSL_cleanse(l->data, strlen(l->data));
     curl_slist_free_all(h->fixed);
-    if (h->auth_header)
-        OPENSSL_cleanse(h->auth_header, strlen(h->auth_header));
-    free(h->auth_header);
     free(h->ca_file);
     free(h);
 }

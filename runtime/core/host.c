@@ -271,12 +271,12 @@ static void collect(berth_host *h)
 bool berth_host_memory_full(berth_host *h)
 {
   berth_mem *m = &h->mem;
-  size_t near_cap = m->limit - m->limit / 16;
-  if (!m->limit || m->used <= near_cap)
+  size_t full = m->limit - m->limit / 16;
+  if (!m->limit || m->used <= full)
     return false;
-  if (m->released || m->refused || m->grown > m->limit / 32 || m->after_gc <= near_cap)
+  if (m->released || m->refused || m->grown > m->limit / 32 || m->after_gc <= full)
     collect(h);
-  return m->used > near_cap;
+  return m->used > full;
 }
 
 static void task_end(berth_task *t, bool ok, const char *error)
