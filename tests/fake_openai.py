@@ -343,6 +343,7 @@ SCENARIOS = {name[3:]: fn for name, fn in globals().items() if name.startswith("
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a stream's events are many small writes
     server_version = "fake-openai/1"
 
     def setup(self):
