@@ -4,9 +4,12 @@
   *
   * The daemon runs in external mode with its own epoll set (MHD_USE_EPOLL): an ev_io
   * watches that set's descriptor, an ev_timer follows MHD_get_timeout (re-armed by an
-  * ev_prepare before the loop blocks) and a zero-delay "kick" timer runs MHD after a
-  * resume or a handed-over connection — MHD_run is never called from inside one of
-  * MHD's own callbacks ("make sure to run MHD_run() afterwards", says its manual).
+  * ev_prepare before the loop blocks) and a "kick" runs MHD after a resume or a
+  * handed-over connection, once the callback that kicked has returned — MHD_run is
+  * never called from inside one of MHD's own callbacks ("make sure to run MHD_run()
+  * afterwards", says its manual).  A run repeats MHD_run while MHD says it is due at
+  * once, a few times at most: it takes a finished keep-alive connection one step per
+  * run, and each step through the loop would cost an iteration.
   *
   *   struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_EPOLL | ..., ...);
   *   httpd_mhd m;
@@ -28,7 +31,7 @@ typedef struct httpd_mhd {
     struct MHD_Daemon *daemon;
     ev_io io;                     /* MHD's epoll set is readable */
     ev_timer timer;               /* MHD's own next timeout */
-    ev_timer kick;                /* at the next loop iteration */
+    ev_timer kick;                /* fed, never started: see httpd_mhd_kick */
     ev_prepare prepare;
 } httpd_mhd;
 
@@ -37,7 +40,8 @@ typedef struct httpd_mhd {
 bool httpd_mhd_attach(httpd_mhd *m, struct ev_loop *loop, struct MHD_Daemon *daemon,
                                             char **why);
 
-/* MHD runs at the next loop iteration: after MHD_resume_connection or
+/* MHD runs once the current callback has returned, in the same loop iteration (the
+  * kick is fed to the loop as an event): after MHD_resume_connection or
   * MHD_add_connection, and whenever the caller holds data MHD should now send. */
 void httpd_mhd_kick(httpd_mhd *m);
 
