@@ -199,6 +199,13 @@ typedef struct sbx_provider_ops {
     /* Ends the sandbox (see the contract above).  Never fails from the server's
      * point of view: a provider that cannot prove the sandbox gone logs it. */
     void (*session_close)(sbx_psession *s, plm_session_end why, sbx_done_cb cb, void *ud);
+    /* An end the provider found (the sweep after a call: disk over budget, a process
+     * it could not prove gone) and has refused a call with, but tells through on_ended
+     * only from the loop; or PLM_END_OPEN.  Its detail in *detail, the provider's,
+     * valid until the loop runs again.  CloseSession asks first: the refused call's
+     * answer may reach the owner before the tell reaches the server, and the close must
+     * report that end, not "closed".  NULL: every end is told at once. */
+    plm_session_end (*session_found_end)(const sbx_psession *s, const char **detail);
 } sbx_provider_ops;
 
 /* The providers compiled in; NULL when `name` is none of them. */

@@ -649,6 +649,14 @@ static void on_tell(struct ev_loop *loop, ev_timer *w, int revents)
     free(detail);
 }
 
+plm_session_end sbx_real_session_found_end(const sbx_psession *s, const char **detail)
+{
+    if (s->end_told || s->closing || s->pending_end == PLM_END_OPEN)
+        return PLM_END_OPEN;
+    *detail = s->pending_detail ? s->pending_detail : "";
+    return s->pending_end;
+}
+
 static void schedule_tell(sbx_psession *s, plm_session_end why, const char *detail)
 {
     if (s->end_told || s->closing)

@@ -79,6 +79,7 @@ void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_o
 void sbx_real_session_run(sbx_psession *s, const sbx_job *job, sbx_run_cb cb, void *ud);
 void sbx_real_session_suspend(sbx_psession *s, sbx_done_cb cb, void *ud);
 void sbx_real_session_close(sbx_psession *s, plm_session_end why, sbx_done_cb cb, void *ud);
+plm_session_end sbx_real_session_found_end(const sbx_psession *s, const char **detail);
 
 #define SBX_REAL_PROVIDER_OPS(NAME, CREATE)                                                   \
     {                                                                                        \
@@ -86,6 +87,7 @@ void sbx_real_session_close(sbx_psession *s, plm_session_end why, sbx_done_cb cb
         .smoke_test = sbx_real_smoke_test, .run = sbx_real_run,                               \
         .session_open = sbx_real_session_open, .session_run = sbx_real_session_run,           \
         .session_suspend = sbx_real_session_suspend, .session_close = sbx_real_session_close, \
+        .session_found_end = sbx_real_session_found_end,                                      \
     }
 
 #endif

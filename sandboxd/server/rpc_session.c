@@ -328,7 +328,11 @@ static void close_turn(void *ud, sbx_session *s)
         refuse_in_turn(op, "CloseSession", not_found());
         return;
     }
-    if (sbx_session_end_reason(s, NULL) == PLM_END_OPEN)
+    const char *found_detail = NULL;
+    plm_session_end found = sbx_session_found_end(s, &found_detail);
+    if (found != PLM_END_OPEN) /* how it ended, though the provider has not told it yet */
+        sbx_session_end(s, found, found_detail);
+    else if (sbx_session_end_reason(s, NULL) == PLM_END_OPEN)
         sbx_session_end(s, PLM_END_CLOSED, "closed by its owner");
     json_t *o = json_object();
     json_object_set_new(o, "session", json_string(sbx_session_fingerprint(s)));

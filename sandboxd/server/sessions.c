@@ -191,6 +191,13 @@ plm_session_end sbx_session_end_reason(const sbx_session *s, const char **detail
     return s->end;
 }
 
+plm_session_end sbx_session_found_end(const sbx_session *s, const char **detail)
+{
+    if (s->end != PLM_END_OPEN || !s->ps || !s->reg->ops->session_found_end)
+        return PLM_END_OPEN;
+    return s->reg->ops->session_found_end(s->ps, detail);
+}
+
 void sbx_session_chain_push(sbx_session *s, const char *record_sha256)
 {
     s->calls++;

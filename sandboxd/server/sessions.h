@@ -66,6 +66,9 @@ void sbx_session_release_turn(sbx_session *s, bool executed);
 /* ---- state */
 bool sbx_session_known(const sbx_session *s);            /* still registered (not forgotten) */
 plm_session_end sbx_session_end_reason(const sbx_session *s, const char **detail);
+/* An end its provider found but has not told yet (provider.h: session_found_end), or
+ * PLM_END_OPEN. */
+plm_session_end sbx_session_found_end(const sbx_session *s, const char **detail);
 /* Ends the session (first reason wins) and closes its sandbox.  An end other than
  * CLOSED leaves a tombstone for 10 minutes so the owner's CloseSession collects it. */
 void sbx_session_end(sbx_session *s, plm_session_end why, const char *detail);
