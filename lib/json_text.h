@@ -25,6 +25,7 @@
 #define PLIMSOLL_JSON_TEXT_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -50,6 +51,20 @@ json_t *plm_json_read(plm_json_reader *r, const char *text, size_t len, int flag
 
 /* A malloc'd NUL-terminated text, its length in *len when len is not NULL; or NULL. */
 char *plm_json_write(const json_t *v, size_t *len);
+
+/* The writer's pieces, for a caller that walks values of its own (Lua tables:
+ * runtime/core/jsonlua.c) and must give the bytes plm_json_write gives for the same
+ * values.  The text grows with realloc in `p` (not NUL-terminated; the caller frees
+ * it); once memory ran out `failed` is set and every put does nothing. */
+typedef struct plm_json_out {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} plm_json_out;
+void plm_json_put_raw(plm_json_out *o, const char *s, size_t n);
+/* A string as a JSON string; s must be well-formed UTF-8 (copied, not checked). */
+void plm_json_put_string(plm_json_out *o, const char *s, size_t n);
+void plm_json_put_integer(plm_json_out *o, json_int_t i);
 
 #ifdef __cplusplus
 }

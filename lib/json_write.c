@@ -29,11 +29,7 @@
 
 #define MAX_DEPTH 2048
 
-typedef struct out {
-    char *p;
-    size_t len, cap;
-    bool failed;
-} out;
+typedef plm_json_out out;
 
 static bool reserve(out *o, size_t n)
 {
@@ -131,7 +127,6 @@ static void put_string(out *o, const char *str, size_t n)
 
 static void put_value(out *o, const json_t *v, int depth)
 {
-    char num[32];
     if (depth > MAX_DEPTH) {
         o->failed = true;
         return;
@@ -168,11 +163,9 @@ static void put_value(out *o, const json_t *v, int depth)
     case JSON_STRING:
         put_string(o, json_string_value(v), json_string_length(v));
         return;
-    case JSON_INTEGER: {
-        int k = snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        put(o, num, (size_t)k);
+    case JSON_INTEGER:
+        plm_json_put_integer(o, json_integer_value(v));
         return;
-    }
     case JSON_REAL: {
         char *text = json_dumps(v, JSON_ENCODE_ANY);
         if (!text)
@@ -192,6 +185,23 @@ static void put_value(out *o, const json_t *v, int depth)
         put(o, "null", 4);
         return;
     }
+}
+
+void plm_json_put_raw(plm_json_out *o, const char *s, size_t n)
+{
+    put(o, s, n);
+}
+
+void plm_json_put_string(plm_json_out *o, const char *s, size_t n)
+{
+    put_string(o, s, n);
+}
+
+void plm_json_put_integer(plm_json_out *o, json_int_t i)
+{
+    char num[32];
+    int k = snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, i);
+    put(o, num, (size_t)k);
 }
 
 char *plm_json_write(const json_t *v, size_t *len)

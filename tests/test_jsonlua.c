@@ -15,6 +15,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 
+#include "json_text.h"
 #include "jsonlua.h"
 
 static lua_State *L;
@@ -216,6 +217,119 @@ static void test_floats_round_trip_exactly(void **state)
          "end\n");
 }
 
+/* The text of the value on top through the jansson tree (what berth_json_encode did
+ * for every value before the direct path), malloc'd. */
+static char *tree_text(void)
+{
+  json_t *v = berth_json_check(L, -1);
+  char *text = plm_json_write(v, NULL);
+  json_decref(v);
+  assert_non_null(text);
+  return text;
+}
+
+/* For each value of the list the chunk returns: the direct path takes it (or gives
+ * up, as `direct` says) and json.encode gives the tree's bytes either way. */
+static void same_text(const char *chunk, bool direct)
+{
+  if (luaL_dostring(L, chunk) != LUA_OK)
+    fail_msg("%s", lua_tostring(L, -1));
+  int list = lua_gettop(L);
+  lua_Integer n = luaL_len(L, list);
+  assert_true(n > 0);
+  lua_getglobal(L, "json");
+  lua_getfield(L, -1, "encode");
+  int encode = lua_gettop(L);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, list, i);
+    char *want = tree_text();
+    int top = lua_gettop(L);
+    bool took = berth_json_encode_direct(L, -1);
+    if (took != direct)
+      fail_msg("value %lld: the direct path %s it (tree text %.300s)", (long long)i,
+               took ? "took" : "gave up on", want);
+    if (took) {
+      assert_int_equal(lua_gettop(L), top + 1);
+      size_t len;
+      const char *got = lua_tolstring(L, -1, &len);
+      if (len != strlen(want) || memcmp(got, want, len) != 0)
+        fail_msg("value %lld: direct %.300s\n  tree %.300s", (long long)i, got, want);
+      lua_pop(L, 1);
+    }
+    assert_int_equal(lua_gettop(L), top);
+    lua_pushvalue(L, encode);
+    lua_pushvalue(L, -2);
+    lua_call(L, 1, 1);
+    assert_string_equal(lua_tostring(L, -1), want);
+    lua_pop(L, 2);
+    free(want);
+  }
+  lua_settop(L, list - 1);
+}
+
+/* A turn's messages and state are written straight from their tables, in the bytes
+ * the tree gives; the values only the tree writes are left to it. */
+static void test_direct_text_is_the_tree_text(void **state)
+{
+  (void)state;
+  same_text("return {\n"
+            "  'plain', '', 'quote \" back \\\\ slash', 'controls \\0 \\1 \\b\\f\\n\\r\\t \\31 \\127',\n"
+            "  'unicode é € 😀', string.rep('x', 100000), 0, -1, math.maxinteger, math.mininteger,\n"
+            "  true, false, json.null, {}, json.array{}, json.object{}, json.array{1, 2},\n"
+            "  {role = 'user', content = 'hi'}, {1, 'two', {3}, {four = 4}},\n"
+            "  {a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8},\n"
+            "  {['b'] = 1, ['a'] = 2, ['ab'] = 3, ['\\0k'] = 4, ['k\"'] = 5, [''] = 6},\n"
+            "  {messages = {{role = 'system', content = 'be brief'}, {role = 'assistant',\n"
+            "    tool_calls = json.array{{id = 'c1', type = 'function',\n"
+            "      ['function'] = {name = 'executeCode', arguments = '{\"code\":\"1\"}'}}}}}},\n"
+            "  json.object{x = json.array{json.null, json.null}}, {[1] = json.null, [2] = false},\n"
+            "}", true);
+  same_text("local ordered = setmetatable({b = 1, a = 2}, {__jsonorder = {'b'}})\n"
+            "return {\n"
+            "  0.5, 1.0, -0.0, 1e300, {x = 0.25}, 'bad \\255 utf8', {['\\255'] = 1},\n"
+            "  {a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8, i = 9}, ordered,\n"
+            "  setmetatable({}, {}), {json.array{1.5}},\n"
+            "}", false);
+  /* What the tree refuses, the direct path gives up on, and json.encode raises. */
+  lua_ok("local t = {} t.self = t\n"
+         "for _, v in ipairs{t, {1, nil, 3}, {[1] = 1, x = 2}, {f = print}, {0/0}} do\n"
+         "  assert(not pcall(json.encode, v))\n"
+         "end\n");
+}
+
+/* Many random plain values, nested: each written directly, in the tree's bytes. */
+static void test_direct_text_matches_the_tree_on_random_values(void **state)
+{
+  (void)state;
+  same_text("math.randomseed(15)\n"
+            "local pieces = {'a', 'é', '😀', '\"', '\\\\', '\\n', '\\0', '\\31', ' ', 'zz', '/'}\n"
+            "local function str()\n"
+            "  local t = {}\n"
+            "  for i = 1, math.random(0, 6) do t[i] = pieces[math.random(#pieces)] end\n"
+            "  return table.concat(t)\n"
+            "end\n"
+            "local function value(depth)\n"
+            "  local k = math.random(depth > 3 and 5 or 8)\n"
+            "  if k == 1 then return str()\n"
+            "  elseif k == 2 then return math.random(math.mininteger, math.maxinteger)\n"
+            "  elseif k == 3 then return math.random(-3, 3)\n"
+            "  elseif k == 4 then return math.random(2) == 1\n"
+            "  elseif k == 5 then return json.null\n"
+            "  elseif k == 6 then\n"
+            "    local a = math.random(2) == 1 and json.array{} or {}\n"
+            "    for i = 1, math.random(0, 4) do a[i] = value(depth + 1) end\n"
+            "    return a\n"
+            "  else\n"
+            "    local o = k == 7 and {} or json.object{}\n"
+            "    for _ = 1, math.random(0, 8) do o[str() .. 'k'] = value(depth + 1) end\n"
+            "    return o\n"
+            "  end\n"
+            "end\n"
+            "local list = {}\n"
+            "for i = 1, 3000 do list[i] = value(0) end\n"
+            "return list\n", true);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -228,6 +342,8 @@ int main(void)
     cmocka_unit_test(test_key_order),
     cmocka_unit_test(test_deep_nesting_refused),
     cmocka_unit_test(test_floats_round_trip_exactly),
+    cmocka_unit_test(test_direct_text_is_the_tree_text),
+    cmocka_unit_test(test_direct_text_matches_the_tree_on_random_values),
   };
   return cmocka_run_group_tests_name("jsonlua", tests, setup, teardown);
 }

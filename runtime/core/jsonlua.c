@@ -221,11 +221,8 @@ static int cmp_keys(const void *a, const void *b)
   return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-/* Sets the fields of keys[0..n) of the table at idx in byte order of the keys.  A
- * key's value is at its slot on the stack, or (slot 0) fetched from the table as its
- * turn comes.  With `ordered`, a key __jsonorder already set is skipped. */
-static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, size_t n,
-                       int ordered)
+/* An object's keys in byte order, so that output is deterministic. */
+static void sort_keys(skey *keys, size_t n)
 {
   if (n <= SMALL_OBJECT) {       /* insertion: no call per comparison for a few keys */
     for (size_t i = 1; i < n; i++) {
@@ -237,6 +234,15 @@ static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, 
     }
   } else
     qsort(keys, n, sizeof *keys, cmp_keys);
+}
+
+/* Sets the fields of keys[0..n) of the table at idx in byte order of the keys.  A
+ * key's value is at its slot on the stack, or (slot 0) fetched from the table as its
+ * turn comes.  With `ordered`, a key __jsonorder already set is skipped. */
+static void add_sorted(lua_State *L, jbox *b, int idx, json_t *obj, skey *keys, size_t n,
+                       int ordered)
+{
+  sort_keys(keys, n);
   for (size_t i = 0; i < n; i++) {
     if (ordered && json_object_getn(obj, keys[i].s, keys[i].len))
       continue;
@@ -497,6 +503,201 @@ json_t *berth_json_check(lua_State *L, int idx)
 
 /* }====================================================== */
 
+/* {====================================================== Lua -> text */
+
+/* json.encode and the store (every message and state a turn stores) write a plain
+ * value's text straight from its tables: building the jansson tree, writing it and
+ * freeing it cost about 5 700 instructions a message.  Only a value the tree path
+ * would write without complaint is written here, in the same bytes: at a real (its
+ * formatting is jansson's), a metatable other than the two markers (it may order
+ * keys), a string or key that is not well-formed UTF-8 (made well-formed there), an
+ * object of more than SMALL_OBJECT keys, or anything the tree path refuses, the walk
+ * gives up and the tree path does the whole value, errors included.  So the rules
+ * stay in one place.  Nothing here raises or runs Lua code: raw accesses only, the
+ * stack grown with lua_checkstack, the text in a C buffer. */
+typedef struct twalk {
+  plm_json_out *o;
+  const void *array_mt, *object_mt; /* NULL: tables with it give up */
+} twalk;
+
+static bool text_value(lua_State *L, const twalk *w, int idx, int depth);
+
+/* The object at idx (at most SMALL_OBJECT keys, all strings): keys and values are
+ * left on the stack as in fill_small_object, then written in byte order. */
+static bool text_object(lua_State *L, const twalk *w, int idx, int depth)
+{
+  skey keys[SMALL_OBJECT];
+  int base = lua_gettop(L);
+  size_t n = 0;
+  bool ok = true;
+  lua_pushnil(L);
+  while (ok && lua_next(L, idx)) {
+    if (lua_type(L, -2) != LUA_TSTRING || n == SMALL_OBJECT) {
+      ok = false;
+      break;
+    }
+    keys[n].s = lua_tolstring(L, -2, &keys[n].len);
+    keys[n].slot = lua_gettop(L);
+    ok = plm_utf8_valid(keys[n].s, keys[n].len) && lua_checkstack(L, 3);
+    n++;
+    if (ok)
+      lua_pushvalue(L, -2);     /* the key lua_next takes; the pair stays below */
+  }
+  if (ok) {
+    sort_keys(keys, n);
+    plm_json_put_raw(w->o, "{", 1);
+    for (size_t i = 0; ok && i < n; i++) {
+      if (i)
+        plm_json_put_raw(w->o, ",", 1);
+      plm_json_put_string(w->o, keys[i].s, keys[i].len);
+      plm_json_put_raw(w->o, ":", 1);
+      ok = text_value(L, w, keys[i].slot, depth + 1);
+    }
+    plm_json_put_raw(w->o, "}", 1);
+  }
+  lua_settop(L, base);
+  return ok;
+}
+
+static bool text_array(lua_State *L, const twalk *w, int idx, lua_Integer n, int depth)
+{
+  bool ok = true;
+  plm_json_put_raw(w->o, "[", 1);
+  for (lua_Integer i = 1; ok && i <= n; i++) {
+    if (i > 1)
+      plm_json_put_raw(w->o, ",", 1);
+    lua_rawgeti(L, idx, i);
+    ok = text_value(L, w, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+  }
+  plm_json_put_raw(w->o, "]", 1);
+  return ok;
+}
+
+/* The kinds add_value gives a table, decided the same way. */
+static bool text_table(lua_State *L, const twalk *w, int idx, int depth)
+{
+  /* (A table that contains itself reaches the depth limit and gives up: the tree
+   * path names it.) */
+  if (depth >= MAX_DEPTH || !lua_checkstack(L, 4))
+    return false;
+  if (lua_getmetatable(L, idx)) {
+    const void *mt = lua_topointer(L, -1);
+    lua_pop(L, 1);
+    if (mt == w->array_mt)
+      return text_array(L, w, idx, (lua_Integer)lua_rawlen(L, idx), depth);
+    return mt == w->object_mt && text_object(L, w, idx, depth);
+  }
+  lua_pushnil(L);
+  if (!lua_next(L, idx)) {
+    plm_json_put_raw(w->o, "{}", 2);
+    return true;
+  }
+  int first = lua_type(L, -2);
+  lua_pop(L, 2);
+  if (first == LUA_TSTRING)
+    return text_object(L, w, idx, depth);
+  lua_Integer n = 0;
+  return classify(L, idx, &n) == 1 && text_array(L, w, idx, n, depth);
+}
+
+static bool text_value(lua_State *L, const twalk *w, int idx, int depth)
+{
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+      plm_json_put_raw(w->o, "null", 4);
+      return true;
+    case LUA_TBOOLEAN:
+      if (lua_toboolean(L, idx))
+        plm_json_put_raw(w->o, "true", 4);
+      else
+        plm_json_put_raw(w->o, "false", 5);
+      return true;
+    case LUA_TNUMBER:
+      if (!lua_isinteger(L, idx))
+        return false;
+      plm_json_put_integer(w->o, (json_int_t)lua_tointeger(L, idx));
+      return true;
+    case LUA_TSTRING: {
+      size_t len;
+      const char *s = lua_tolstring(L, idx, &len);
+      if (!plm_utf8_valid(s, len))
+        return false;
+      plm_json_put_string(w->o, s, len);
+      return true;
+    }
+    case LUA_TLIGHTUSERDATA:
+      if (lua_touserdata(L, idx) != &null_tag)
+        return false;
+      plm_json_put_raw(w->o, "null", 4);
+      return true;
+    case LUA_TTABLE:
+      return text_table(L, w, idx, depth);
+    default:
+      return false;
+  }
+}
+
+/* The buffer the text is written in: one per state, kept in the registry and freed
+ * with it, so that a memory error while the text is pushed leaks nothing.  Nothing
+ * can use it twice at once: the walk runs no Lua code, and pushing the text copies it
+ * before the collector can run a finalizer. */
+static const char text_buffer_key = 0;
+#define TEXT_BUFFER_KEPT (64 << 10)  /* a larger buffer is freed after each use */
+
+static int text_buffer_gc(lua_State *L)
+{
+  plm_json_out *o = lua_touserdata(L, 1);
+  free(o->p);
+  memset(o, 0, sizeof *o);
+  return 0;
+}
+
+static plm_json_out *text_buffer(lua_State *L)
+{
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &text_buffer_key) == LUA_TUSERDATA) {
+    plm_json_out *o = lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    return o;
+  }
+  lua_pop(L, 1);
+  plm_json_out *o = lua_newuserdatauv(L, sizeof *o, 0);
+  memset(o, 0, sizeof *o);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, text_buffer_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &text_buffer_key);
+  return o;
+}
+
+bool berth_json_encode_direct(lua_State *L, int idx)
+{
+  idx = lua_absindex(L, idx);
+  twalk w;
+  w.o = text_buffer(L);
+  int top = lua_gettop(L);
+  luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
+  w.array_mt = lua_topointer(L, -1);
+  luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
+  w.object_mt = lua_topointer(L, -1);
+  if (w.object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL)
+    w.object_mt = NULL;          /* a script gave json.object an order: the tree path's */
+  lua_settop(L, top);
+  w.o->len = 0;
+  w.o->failed = false;
+  bool ok = text_value(L, &w, idx, 0) && !w.o->failed;
+  if (ok)
+    lua_pushlstring(L, w.o->p ? w.o->p : "", w.o->len);
+  if (w.o->cap > TEXT_BUFFER_KEPT) {
+    free(w.o->p);
+    memset(w.o, 0, sizeof *w.o);
+  }
+  return ok;
+}
+
+/* }====================================================== */
+
 /* {====================================================== the json module */
 
 static size_t dump_flags(int pretty)
@@ -533,6 +734,8 @@ static int encbox_gc(lua_State *L)
 void berth_json_encode(lua_State *L, int idx, int pretty)
 {
   idx = lua_absindex(L, idx);
+  if (!pretty && berth_json_encode_direct(L, idx))
+    return;
   encbox *e = lua_newuserdatauv(L, sizeof *e, 0);
   e->v = NULL;
   e->text = NULL;

@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 #include <lua.h>
+#include <stdbool.h>
 
 /* Registry / metatable names. */
 #define BERTH_JSON_ARRAY_MT "berth.json.array"
@@ -52,6 +53,12 @@ void berth_json_setobject(lua_State *L, int idx);
 void berth_json_pushnull(lua_State *L);
 /* Encodes the value at `idx` as compact JSON text, pushed as a Lua string. */
 void berth_json_encode(lua_State *L, int idx, int pretty);
+/* What berth_json_encode tries first for compact text: the text written straight from
+ * the tables, with no jansson tree, pushed, and true.  False, with nothing pushed, for
+ * a value only the tree path writes (a real, ill-formed UTF-8, a metatable other than
+ * the markers, an object of more than 8 keys) or refuses.  The bytes are the tree
+ * path's; it raises only when memory runs out. */
+bool berth_json_encode_direct(lua_State *L, int idx);
 
 /* The `json` module: encode, decode, null, array, object, isArray. */
 int luaopen_berth_json(lua_State *L);
