@@ -21,6 +21,7 @@
 #include "internal.h"
 #include "sandboxes_internal.h"
 #include "idmap.h"
+#include "json_text.h"
 
 #include <ev.h>
 #include <stdio.h>
@@ -289,34 +290,44 @@ static void drop_describe(plm_sandboxes *sb)
 
 /* ---------------------------------------------------------------- keys */
 
-/* The key's injective encoding, a JSON array: ["run-1"] or ["alice","a"].  jansson
- * escapes as JSON.stringify does, except that it writes a control character's \u00XX
- * in upper case.  NULL (and *err) for an invalid key. */
-static char *key_encode(const plm_key *key, plm_error **err)
+/* NULL, or why `key` is no key: a conversation that is missing or empty, an empty
+ * owner, or either not well-formed UTF-8 (the one checker's verdict, jansson's too). */
+static plm_error *key_refusal(const plm_key *key)
 {
-    *err = NULL;
-    if (!key || !key->conversation || !*key->conversation || (key->owner && !*key->owner)) {
-        *err = plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST, KEY_MESSAGE);
-        return NULL;
-    }
-    json_t *a = json_array();
-    if (key->owner)
-        json_array_append_new(a, json_string(key->owner));
-    json_array_append_new(a, json_string(key->conversation));
-    char *id = json_array_size(a) == (key->owner ? 2u : 1u) ? json_dumps(a, JSON_COMPACT) : NULL;
-    json_decref(a);
-    if (!id)
-        *err = plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST,
+    if (!key || !key->conversation || !*key->conversation || (key->owner && !*key->owner))
+        return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST, KEY_MESSAGE);
+    if ((key->owner && !plm_utf8_valid(key->owner, strlen(key->owner))) ||
+        !plm_utf8_valid(key->conversation, strlen(key->conversation)))
+        return plm_err_new(PLM_INVALID_ARGUMENT, PLM_REFUSAL_REQUEST,
                            "plimsoll: a sandbox key's owner and conversation must be "
                            "well-formed UTF-8 text");
+    return NULL;
+}
+
+/* The key's injective encoding, a JSON array: ["run-1"] or ["alice","a"].  Written as
+ * json_dumps writes it (json_text.h), which escapes as JSON.stringify does except
+ * that a control character's \u00XX is in upper case.  NULL (and *err) for an invalid
+ * key. */
+static char *key_encode(const plm_key *key, plm_error **err)
+{
+    *err = key_refusal(key);
+    if (*err)
+        return NULL;
+    json_t *a = json_array();
+    if (key->owner)
+        json_array_append_new(a, json_stringn_nocheck(key->owner, strlen(key->owner)));
+    json_array_append_new(a, json_stringn_nocheck(key->conversation, strlen(key->conversation)));
+    char *id = json_array_size(a) == (key->owner ? 2u : 1u) ? plm_json_write(a, NULL) : NULL;
+    json_decref(a);
+    if (!id)
+        *err = plm_err_new(PLM_INTERNAL, PLM_REFUSAL_REQUEST, "plimsoll: out of memory");
     return id;
 }
 
+/* Called for every warm of every turn: checked, not encoded. */
 plm_error *plm_key_check(const plm_key *key)
 {
-    plm_error *err;
-    free(key_encode(key, &err));
-    return err;
+    return key_refusal(key);
 }
 
 void plm_key_digest(const plm_key *key, char out[13])

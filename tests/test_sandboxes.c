@@ -449,6 +449,30 @@ static void test_X04_key_digest_is_12_hex_of_the_encoding(void **state)
     assert_memory_equal(d, hex, 12);
 }
 
+/* The encoding is json_dumps's: a quote, a backslash and a control character escaped
+ * (\u001F in upper case), other text as it is; a key that is not well-formed UTF-8,
+ * or empty, is refused by plm_key_check (called at every warm) as by every use. */
+static void test_X04_key_encoding_escapes_and_refuses_ill_formed_text(void **state)
+{
+    (void)state;
+    plm_hex hex;
+    char d[13];
+    plm_key k = pair("a\"\\\x1f", "\xc3\xa9");
+    const char *want = "[\"a\\\"\\\\\\u001F\",\"\xc3\xa9\"]";
+    plm_sha256_hex(want, strlen(want), hex);
+    plm_key_digest(&k, d);
+    assert_memory_equal(d, hex, 12);
+    assert_null(plm_key_check(&k));
+    plm_key bad[] = {str_key("x\xff"), pair("\xc3", "a"), pair("a", "\xed\xa0\x80"), str_key(""),
+                     pair("", "a")};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        plm_error *e = plm_key_check(&bad[i]);
+        assert_non_null(e);
+        assert_int_equal(e->code, PLM_INVALID_ARGUMENT);
+        plm_error_free(e);
+    }
+}
+
 /* ---------------------------------------------------------------- one key, one sandbox */
 
 static void test_X07_X08_X09_a_key_keeps_one_interpreter(void **state)
@@ -1643,6 +1667,7 @@ int main(void)
         T(test_X01_X05_invalid_keys_are_refused_marked_request),
         T(test_X02_X03_key_encodings_never_alias),
         T(test_X04_key_digest_is_12_hex_of_the_encoding),
+        T(test_X04_key_encoding_escapes_and_refuses_ill_formed_text),
         T(test_X07_X08_X09_a_key_keeps_one_interpreter),
         T(test_X06_keys_never_share_a_sandbox),
         T(test_X46_X07_parallel_calls_share_one_open_and_one_is_fresh),
