@@ -206,6 +206,13 @@ static void test_deep_nesting_refused(void **state)
   (void)state;
   lua_ok("local t = {} local c = t for i = 1, 600 do c[1] = {} c = c[1] end\n"
          "local ok, err = pcall(json.encode, t)\n"
+         "assert(not ok and err:find('nested too deeply'), err)\n"
+         "local function chain(n)\n"
+         "  local t = {} local c = t for i = 1, n - 1 do c[1] = {} c = c[1] end\n"
+         "  return t\n"
+         "end\n"
+         "assert(json.encode(chain(511)) == ('['):rep(510) .. '{}' .. (']'):rep(510))\n"
+         "ok, err = pcall(json.encode, chain(512))\n"
          "assert(not ok and err:find('nested too deeply'), err)\n");
 }
 

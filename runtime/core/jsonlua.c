@@ -577,9 +577,10 @@ static bool text_array(lua_State *L, const twalk *w, int idx, lua_Integer n, int
 /* The kinds add_value gives a table, decided the same way. */
 static bool text_table(lua_State *L, const twalk *w, int idx, int depth)
 {
-  /* (A table that contains itself reaches the depth limit and gives up: the tree
-   * path names it.) */
-  if (depth >= MAX_DEPTH || !lua_checkstack(L, 4))
+  /* The tree path counts the root as 1 and refuses a table at MAX_DEPTH; a table
+   * that contains itself reaches that limit and gives up too, for the tree path to
+   * name it. */
+  if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 4))
     return false;
   if (lua_getmetatable(L, idx)) {
     const void *mt = lua_topointer(L, -1);
