@@ -313,15 +313,21 @@ static char *key_encode(const plm_key *key, plm_error **err)
     *err = key_refusal(key);
     if (*err)
         return NULL;
-    json_t *a = json_array();
-    if (key->owner)
-        json_array_append_new(a, json_stringn_nocheck(key->owner, strlen(key->owner)));
-    json_array_append_new(a, json_stringn_nocheck(key->conversation, strlen(key->conversation)));
-    char *id = json_array_size(a) == (key->owner ? 2u : 1u) ? plm_json_write(a, NULL) : NULL;
-    json_decref(a);
-    if (!id)
+    plm_json_out o = {0};
+    plm_json_put_raw(&o, "[", 1);
+    if (key->owner) {
+        plm_json_put_string(&o, key->owner, strlen(key->owner));
+        plm_json_put_raw(&o, ",", 1);
+    }
+    plm_json_put_string(&o, key->conversation, strlen(key->conversation));
+    plm_json_put_raw(&o, "]", 1);
+    plm_json_put_raw(&o, "", 1); /* the NUL */
+    if (o.failed) {
+        free(o.p);
         *err = plm_err_new(PLM_INTERNAL, PLM_REFUSAL_REQUEST, "plimsoll: out of memory");
-    return id;
+        return NULL;
+    }
+    return o.p;
 }
 
 /* Called for every warm of every turn: checked, not encoded. */
