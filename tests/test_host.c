@@ -742,7 +742,7 @@ typedef struct silent_model {
   int calls, cancels;
 } silent_model;
 
-static int silent_chat(berth_model *m, const json_t *request, berth_delta_fn delta,
+static int silent_chat(berth_model *m, const berth_model_request *request, berth_delta_fn delta,
                        berth_reply_fn done, void *ud, berth_model_call **call, char **err)
 {
   (void)request, (void)delta, (void)err;
@@ -771,6 +771,135 @@ static void short_deadline(berth_options *o)
 {
   o->hook_deadline = 0.5;
   o->model = &silent.base;
+}
+
+/* A model that reads its request through model.h's readers and refuses the call with
+ * what it read, as JSON: {count, roles, lens, values, messages, tools, past_end}. */
+static int reader_calls;
+
+static json_t *text_or_null(const char *s, size_t len)
+{
+  return s ? json_stringn(s, len) : json_null();
+}
+
+static int reader_chat(berth_model *m, const berth_model_request *r, berth_delta_fn delta,
+                       berth_reply_fn done, void *ud, berth_model_call **call, char **err)
+{
+  (void)m, (void)delta, (void)done, (void)ud, (void)call;
+  reader_calls++;
+  long n = berth_request_count(r);
+  json_t *roles = json_array(), *lens = json_array(), *values = json_array();
+  for (long i = 0; i < n; i++) {
+    size_t len = 0;
+    const char *role = berth_request_string(r, (size_t)i, "role", &len);
+    json_array_append_new(roles, text_or_null(role, len));
+    const char *content = berth_request_string(r, (size_t)i, "content", &len);
+    json_array_append_new(lens, content ? json_integer((json_int_t)len) : json_null());
+    const json_t *v = berth_request_value(r, (size_t)i, "content");
+    json_array_append_new(values, v ? json_deep_copy(v) : json_string("absent"));
+  }
+  const char *msgs, *tools;
+  size_t mlen, tlen;
+  assert_int_equal(berth_request_text(r, "messages", &msgs, &mlen), 0);
+  assert_int_equal(berth_request_text(r, "tools", &tools, &tlen), 0);
+  /* asked again: the same text, not written twice */
+  const char *again;
+  size_t alen;
+  assert_int_equal(berth_request_text(r, "messages", &again, &alen), 0);
+  assert_ptr_equal(again, msgs);
+  bool past_end = !berth_request_string(r, (size_t)(n < 0 ? 0 : n), "role", NULL) &&
+                  !berth_request_value(r, (size_t)(n < 0 ? 0 : n), "role");
+  json_t *report = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:b}", "count", (json_int_t)n,
+                             "roles", roles, "lens", lens, "values", values,
+                             "messages", text_or_null(msgs, mlen),
+                             "tools", text_or_null(tools, tlen), "past_end", past_end);
+  assert_non_null(report);
+  *err = json_dumps(report, JSON_COMPACT);
+  json_decref(report);
+  return -1;
+}
+
+static void reader_cancel(berth_model *m, berth_model_call *call) { (void)m, (void)call; }
+static void reader_free(berth_model *m) { (void)m; }
+
+static const berth_model_ops reader_ops = {"reader", reader_chat, reader_cancel, reader_free};
+static berth_model reader = {&reader_ops};
+
+static void with_reader(berth_options *o) { o->model = &reader; }
+
+/* Chats with `messages` and `tools` (Lua expressions); returns the reader's report. */
+static json_t *read_request(ht *t, const char *messages, const char *tools)
+{
+  char code[2048];
+  snprintf(code, sizeof code,
+           "local r, report, code = model.chat{messages = %s, tools = %s}\n"
+           "assert(r == nil and code == 'invalid_argument', code)\n"
+           "return report", messages, tools);
+  const char *said = turn(t, code);
+  json_error_t e;
+  json_t *report = json_loads(said, JSON_ALLOW_NUL, &e);
+  if (!report)
+    fail_msg("not a report: %s", said);
+  return report;
+}
+
+/* The adapter reads the request from the tables: a message's string fields as given,
+ * any field as JSON, the parts as json.encode's text; nothing the script wrote runs
+ * (a message's __index is not consulted). */
+static void test_model_reads_the_request_from_the_tables(void **state)
+{
+  (void)state;
+  ht *t = start_eval(with_reader);
+  json_t *r = read_request(t,
+    "{ {role = 'system', content = 's'}, {role = 'user', content = {parts = {1, 2}}},\n"
+    "  'not a table', setmetatable({role = 'tool'}, {__index = function() error('ran') end}),\n"
+    "  json.array{}, {role = 'user\\0x', content = 'a\\255b'}, {role = 7} }",
+    "json.array{{type = 'function', ['function'] = {name = 'f'}}}");
+  json_t *want = json_loads(
+    "{\"count\": 7, \"roles\": [\"system\", \"user\", null, \"tool\", null, \"user\\u0000x\", null],"
+    " \"lens\": [1, null, null, null, null, 3, null],"
+    " \"values\": [\"s\", {\"parts\": [1, 2]}, \"absent\", \"absent\", \"absent\","
+    "             \"a\\ufffdb\", \"absent\"],"
+    " \"tools\": \"[{\\\"function\\\":{\\\"name\\\":\\\"f\\\"},\\\"type\\\":\\\"function\\\"}]\","
+    " \"past_end\": true}", JSON_ALLOW_NUL, NULL);
+  assert_non_null(want);
+  json_t *msgs = json_incref(json_object_get(r, "messages"));
+  json_object_del(r, "messages");
+  if (!json_equal(r, want)) {
+    char *got = json_dumps(r, JSON_COMPACT);
+    fail_msg("read %s", got);
+  }
+  json_decref(want);
+  json_decref(r);
+  /* the messages' text is json.encode's (its ill-formed UTF-8 mended) */
+  assert_string_equal(json_string_value(msgs),
+    "[{\"content\":\"s\",\"role\":\"system\"},{\"content\":{\"parts\":[1,2]},\"role\":\"user\"},"
+    "\"not a table\",{\"role\":\"tool\"},[],{\"content\":\"a\xef\xbf\xbd" "b\",\"role\":\"user\\u0000x\"},"
+    "{\"role\":7}]");
+  json_decref(msgs);
+  /* {} is an object, not a list of messages; json.array{} is an empty one; no tools */
+  r = read_request(t, "{}", "nil");
+  assert_int_equal(json_integer_value(json_object_get(r, "count")), -1);
+  assert_string_equal(json_string_value(json_object_get(r, "messages")), "{}");
+  assert_true(json_is_null(json_object_get(r, "tools")));
+  json_decref(r);
+  r = read_request(t, "json.array{}", "json.array{}");
+  assert_int_equal(json_integer_value(json_object_get(r, "count")), 0);
+  assert_string_equal(json_string_value(json_object_get(r, "messages")), "[]");
+  assert_string_equal(json_string_value(json_object_get(r, "tools")), "[]");
+  json_decref(r);
+  /* a request with no JSON form is refused before the adapter sees it, the path named
+   * from the request as before */
+  int calls = reader_calls;
+  assert_contains(turn(t, "return model.chat{messages = {{role = 'user'}, {content = print}}}"),
+                  "cannot encode a function as JSON at $.messages[2].content");
+  assert_contains(turn(t, "return model.chat{messages = {}, tools = {1, nil, 3}}"),
+                  "mixed or sparse keys");
+  assert_contains(turn(t, "local m = {} m[1] = m return model.chat{messages = m}"),
+                  "contains itself");
+  assert_int_equal(reader_calls, calls);
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
 }
 
 /* A call still waiting at its deadline ends (its wait cancelled); another
@@ -824,6 +953,7 @@ int main(void)
     cmocka_unit_test(test_execute_code_without_daemon_or_conversation),
     cmocka_unit_test(test_T16_warm_refuses_empty_ids_without_a_daemon),
     cmocka_unit_test(test_model_chat_with_deltas),
+    cmocka_unit_test(test_model_reads_the_request_from_the_tables),
     cmocka_unit_test(test_idle_timeout_suspends),
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),
     cmocka_unit_test(test_sighup_signal),

@@ -251,6 +251,9 @@ static void same_text(const char *chunk, bool direct)
     lua_geti(L, list, i);
     char *want = tree_text();
     int top = lua_gettop(L);
+    if (!berth_json_converts(L, -1))      /* what model.chat checks a request with */
+      fail_msg("value %lld: the check says no to what converts: %.300s", (long long)i, want);
+    assert_int_equal(lua_gettop(L), top);
     bool took = berth_json_encode_direct(L, -1);
     if (took != direct)
       fail_msg("value %lld: the direct path %s it (tree text %.300s)", (long long)i,
@@ -337,6 +340,112 @@ static void test_direct_text_matches_the_tree_on_random_values(void **state)
             "return list\n", true);
 }
 
+/* Under pcall: converts the value at 1 by the tree path (raising where it does). */
+static int tree_converts(lua_State *S)
+{
+  json_decref(berth_json_check(S, 1));
+  return 0;
+}
+
+/* For each value of the list the chunk returns, the check that builds nothing says
+ * yes exactly where the tree path converts, and berth_json_check_converts raises the
+ * tree path's own error.  Returns how many the tree refused. */
+static int check_agrees(const char *chunk)
+{
+  if (luaL_dostring(L, chunk) != LUA_OK)
+    fail_msg("%s", lua_tostring(L, -1));
+  int list = lua_gettop(L), refused = 0;
+  lua_Integer n = luaL_len(L, list);
+  assert_true(n > 0);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_geti(L, list, i);
+    int top = lua_gettop(L);
+    bool says = berth_json_converts(L, -1);
+    assert_int_equal(lua_gettop(L), top);
+    lua_pushcfunction(L, tree_converts);
+    lua_pushvalue(L, -2);
+    bool converts = lua_pcall(L, 1, 0, 0) == LUA_OK;
+    if (says != converts)
+      fail_msg("value %lld: the check says %s, the tree path %s%s", (long long)i,
+               says ? "yes" : "no", converts ? "converts it" : "raises: ",
+               converts ? "" : lua_tostring(L, -1));
+    if (!converts) {
+      refused++;
+      char *want = strdup(lua_tostring(L, -1));
+      lua_pop(L, 1);
+      lua_getglobal(L, "check_converts");
+      lua_pushvalue(L, top);
+      assert_int_not_equal(lua_pcall(L, 1, 0, 0), LUA_OK);
+      assert_string_equal(lua_tostring(L, -1), want);
+      free(want);
+      lua_pop(L, 1);
+    }
+    lua_settop(L, top - 1);
+  }
+  lua_settop(L, list - 1);
+  return refused;
+}
+
+static int l_check_converts(lua_State *S)
+{
+  berth_json_check_converts(S, 1);
+  return 0;
+}
+
+/* model.chat checks a whole request with a walk that builds nothing: it must refuse
+ * exactly what the tree path refuses, near the depth limit and in cycles too. */
+static void test_check_agrees_with_the_tree(void **state)
+{
+  (void)state;
+  lua_register(L, "check_converts", l_check_converts);
+  int refused = check_agrees(
+    "local cyc = {} cyc.self = cyc\n"
+    "local acyc = {} acyc[1] = {acyc}\n"
+    "local function chain(n)\n"
+    "  local t = {} local c = t for i = 1, n - 1 do c[1] = {} c = c[1] end\n"
+    "  return t\n"
+    "end\n"
+    "local big = {} for i = 1, 20 do big['k' .. i] = i end big[true] = 1\n"
+    "return {\n"
+    "  cyc, acyc, chain(511), chain(512), chain(600), {f = print}, {0/0}, {x = math.huge},\n"
+    "  {-math.huge}, {1, nil, 3}, {[1] = 1, x = 2}, {x = 2, [1] = 1}, json.object{[2] = 1},\n"
+    "  json.object{a = 1, [2] = 1}, json.array{1, print}, big, {[2.5] = 1}, coroutine.create(print),\n"
+    "  io.stdout, setmetatable({1, 2}, {}), setmetatable({a = 1}, {__index = error}),\n"
+    "  json.array{json.null, nil, 3}, json.object{}, {x = 1.5}, 'bad \\255', {['\\255'] = 1},\n"
+    "  setmetatable({b = 1, a = {print}}, {__jsonorder = {'b'}}), {messages = {{content = {}}}},\n"
+    "}\n");
+  assert_int_equal(refused, 19);
+  refused = check_agrees(
+    "math.randomseed(16)\n"
+    "local bad = {print, 0/0, math.huge, coroutine.create(print)}\n"
+    "local function value(depth)\n"
+    "  local k = math.random(depth > 3 and 6 or 10)\n"
+    "  if k <= 4 then return ({'s', 7, 2.5, true})[k]\n"
+    "  elseif k == 5 then return json.null\n"
+    "  elseif k == 6 then return math.random(60) == 1 and bad[math.random(#bad)] or 'x'\n"
+    "  elseif k == 7 then\n"
+    "    local a = math.random(2) == 1 and json.array{} or {}\n"
+    "    for i = 1, math.random(0, 4) do a[i] = value(depth + 1) end\n"
+    "    if math.random(40) == 1 then a[#a + 2] = 1 end\n"
+    "    return a\n"
+    "  elseif k == 8 then\n"
+    "    local o = {}\n"
+    "    for i = 1, math.random(0, 10) do o['k' .. i] = value(depth + 1) end\n"
+    "    if math.random(40) == 1 then o[1] = 1 end\n"
+    "    return o\n"
+    "  else\n"
+    "    local o = json.object{}\n"
+    "    for i = 1, math.random(0, 3) do o['k' .. i] = value(depth + 1) end\n"
+    "    if math.random(40) == 1 then o[math.random(3)] = 1 end\n"
+    "    return o\n"
+    "  end\n"
+    "end\n"
+    "local list = {}\n"
+    "for i = 1, 3000 do list[i] = value(0) end\n"
+    "return list\n");
+  assert_true(refused > 100 && refused < 2900);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -351,6 +460,7 @@ int main(void)
     cmocka_unit_test(test_floats_round_trip_exactly),
     cmocka_unit_test(test_direct_text_is_the_tree_text),
     cmocka_unit_test(test_direct_text_matches_the_tree_on_random_values),
+    cmocka_unit_test(test_check_agrees_with_the_tree),
   };
   return cmocka_run_group_tests_name("jsonlua", tests, setup, teardown);
 }

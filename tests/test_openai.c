@@ -680,6 +680,10 @@ static void test_openai_url_model_and_key_rules(void **state)
   e = try_new("http://127.0.0.1/v1", false, "m", "sk-a\r\nX-Injected: 1");
   assert_contains(e, "line break");
   free(e);
+  /* the name goes into every request body as a JSON string */
+  e = try_new("http://127.0.0.1/v1", false, "llama\xff", KEY);
+  assert_contains(e, "is not UTF-8 text");
+  free(e);
 }
 
 static void clear_env(void)

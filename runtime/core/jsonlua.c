@@ -699,6 +699,104 @@ bool berth_json_encode_direct(lua_State *L, int idx)
 
 /* }====================================================== */
 
+/* {====================================================== Lua -> nothing */
+
+/* Whether the tree path converts a value, found without building anything: a model
+ * call checks its whole request this way (the scripted model then reads only a few
+ * fields).  It answers true only for what add_value converts; where it answers false
+ * the caller runs the tree path, which raises with the path and the words, so those
+ * stay in one place.  Raw accesses only, as the text walk. */
+typedef struct cwalk {
+  const void *array_mt, *object_mt;
+} cwalk;
+
+static bool check_value(lua_State *L, const cwalk *w, int idx, int depth);
+
+static bool check_table(lua_State *L, const cwalk *w, int idx, int depth)
+{
+  if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 4))
+    return false;               /* too deep, or a cycle: the tree path names it */
+  const void *mt = NULL;
+  if (lua_getmetatable(L, idx)) {
+    mt = lua_topointer(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_Integer n = 0;
+  if (mt != w->array_mt || !mt) {
+    lua_pushnil(L);
+    if (!lua_next(L, idx))
+      return true;              /* {} */
+    int first = lua_type(L, -2);
+    lua_pop(L, 2);
+    if (first == LUA_TSTRING || (mt && mt == w->object_mt)) {
+      int base = lua_gettop(L);
+      lua_pushnil(L);
+      while (lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING || !check_value(L, w, lua_gettop(L), depth + 1)) {
+          lua_settop(L, base);
+          return false;
+        }
+        lua_pop(L, 1);
+      }
+      return true;
+    }
+    if (classify(L, idx, &n) != 1)
+      return false;
+  } else
+    n = (lua_Integer)lua_rawlen(L, idx);
+  for (lua_Integer i = 1; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    bool ok = check_value(L, w, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
+static bool check_value(lua_State *L, const cwalk *w, int idx, int depth)
+{
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL:
+    case LUA_TBOOLEAN:
+    case LUA_TSTRING:           /* ill-formed UTF-8 is mended, not refused */
+      return true;
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, idx))
+        return true;
+      return !isnan(lua_tonumber(L, idx)) && !isinf(lua_tonumber(L, idx));
+    case LUA_TLIGHTUSERDATA:
+      return lua_touserdata(L, idx) == &null_tag;
+    case LUA_TTABLE:
+      return check_table(L, w, idx, depth);
+    default:
+      return false;
+  }
+}
+
+bool berth_json_converts(lua_State *L, int idx)
+{
+  idx = lua_absindex(L, idx);
+  cwalk w;
+  int top = lua_gettop(L);
+  if (!lua_checkstack(L, 2))
+    return false;
+  lua_getfield(L, LUA_REGISTRYINDEX, BERTH_JSON_ARRAY_MT);
+  w.array_mt = lua_topointer(L, -1);
+  lua_getfield(L, LUA_REGISTRYINDEX, BERTH_JSON_OBJECT_MT);
+  w.object_mt = lua_topointer(L, -1);
+  lua_settop(L, top);
+  return check_value(L, &w, idx, 0);
+}
+
+void berth_json_check_converts(lua_State *L, int idx)
+{
+  if (!berth_json_converts(L, idx))
+    json_decref(berth_json_check(L, idx));  /* raises where the walk said no */
+}
+
+/* }====================================================== */
+
 /* {====================================================== the json module */
 
 static size_t dump_flags(int pretty)

@@ -60,6 +60,14 @@ void berth_json_encode(lua_State *L, int idx, int pretty);
  * path's; it raises only when memory runs out. */
 bool berth_json_encode_direct(lua_State *L, int idx);
 
+/* Whether the value at `idx` converts (berth_json_check would not raise), found by a
+ * walk that builds nothing.  True only for what converts; false, too, where it cannot
+ * tell (nesting near the limit).  Raises only when memory runs out. */
+bool berth_json_converts(lua_State *L, int idx);
+/* Raises berth_json_check's error (the path and what is wrong there) unless the value
+ * at `idx` converts; builds a tree only for a value the walk says no to. */
+void berth_json_check_converts(lua_State *L, int idx);
+
 /* The `json` module: encode, decode, null, array, object, isArray. */
 int luaopen_berth_json(lua_State *L);
 

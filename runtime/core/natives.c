@@ -10,6 +10,7 @@
 #include "runtime.h"
 #include "xalloc.h"
 #include "jsonlua.h"
+#include "chat_request.h"
 #include "plmlua.h"
 
 #include <stdio.h>
@@ -468,23 +469,21 @@ static int l_chat(lua_State *L)
   if (!h->model)
     return plmlua_push_fail(L, "no model is configured (give --model scripted:FILE or --model openai[:NAME])",
                             "unavailable");
-  /* One conversion of {messages, tools}, owned by a box on the stack (slot 2), so
-   * nothing leaks whatever raises later. */
-  lua_createtable(L, 0, 2);
+  /* The request is read from the tables while chat() runs (chat_request.h): checked
+   * here to have a JSON form, converted only as far as the adapter asks. */
   lua_getfield(L, 1, "messages");
-  luaL_argexpected(L, lua_istable(L, -1), 1, "a table with a 'messages' array");
-  lua_setfield(L, -2, "messages");
+  luaL_argexpected(L, lua_istable(L, 2), 1, "a table with a 'messages' array");
   lua_getfield(L, 1, "tools");
-  lua_setfield(L, -2, "tools");
-  const json_t *req = berth_json_check_boxed(L, -1);
-  lua_remove(L, -2);
+  berth_chat_request req;
+  berth_chat_request_init(&req, L, 2, lua_isnil(L, 3) ? 0 : 3);
   chat_op *c = berth_op_push(L, sizeof *c, &chat_class);
   int idx = lua_gettop(L);
   lua_getfield(L, 1, "on_delta");
   c->model = h->model;
   char *err = NULL;
-  int rc = h->model->ops->chat(h->model, req, chat_delta, chat_reply, c, &c->call, &err);
-  berth_json_box_free(L, 2);    /* adapters take what they need during the call */
+  int rc = h->model->ops->chat(h->model, &req.base, chat_delta, chat_reply, c, &c->call, &err);
+  berth_chat_request_done(&req);
+  lua_settop(L, idx + 1);       /* the texts the adapter asked for: copied by it */
   if (rc != 0) {
     berth_op_drop(&c->op);
     lua_pushstring(L, err ? err : "the model refused the call");

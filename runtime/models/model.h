@@ -3,8 +3,11 @@
  *
  * A request is {messages, tools} in the OpenAI chat-completions shape: messages are
  * {role, content, tool_calls?, tool_call_id?}; tools are {type = "function",
- * function = {name, description, parameters}}.  The reply is one assistant message in
- * the same shape; a tool call's `function.arguments` is JSON text, as the API sends it.
+ * function = {name, description, parameters}}.  An adapter reads it through the
+ * berth_request_* functions below: as JSON text to send (openai), or a few fields of
+ * a few messages (scripted), so that no call converts the whole history into a tree
+ * it does not need.  The reply is one assistant message in the same shape; a tool
+ * call's `function.arguments` is JSON text, as the API sends it.
  *
  * Contract (as plimsoll.h's): chat() returns at once; `done` runs from the loop exactly
  * once per started call, never from inside chat(); `delta` may run any number of times
@@ -24,6 +27,36 @@ struct ev_loop;
 typedef struct berth_model berth_model;
 typedef struct berth_model_call berth_model_call;
 
+/* ---------------------------------------------------------------- the request */
+
+/* A model call's request.  It lives only during chat(): an adapter copies what it
+ * keeps.  The host's (from model.chat's table) was checked before chat() to have a
+ * JSON form and is read straight from the Lua tables, no script code run; the readers
+ * never raise, and the ones that convert return NULL when memory runs out. */
+typedef struct berth_model_request berth_model_request;
+
+/* The number of messages, or -1 when `messages` is not a JSON array ({} is an object). */
+long berth_request_count(const berth_model_request *r);
+/* String field `name` of message i (from 0), with its length in *len when len is not
+ * NULL; NULL when i is out of range, the message is not an object or the field is
+ * absent or not a string.  The bytes are as given (UTF-8 not checked, NULs kept). */
+const char *berth_request_string(const berth_model_request *r, size_t i, const char *name,
+                                 size_t *len);
+/* Field `name` of message i as a JSON value (borrowed, until chat() returns); NULL as
+ * for berth_request_string, or when memory ran out. */
+const json_t *berth_request_value(const berth_model_request *r, size_t i, const char *name);
+/* The compact JSON text (json.encode's bytes, NUL-terminated) of the request's
+ * "messages" or "tools" (the part named) in *text, its length in *len: 0, with *text
+ * NULL when that part is absent (no tools); -1 when memory ran out. */
+int berth_request_text(const berth_model_request *r, const char *part, const char **text,
+                       size_t *len);
+
+/* A request read from a JSON value {messages, tools} (borrowed: it must outlive the
+ * request), for callers in C (tests, fuzzers, a program that drives a model itself).
+ * NULL when memory runs out.  Free it after chat() returns. */
+berth_model_request *berth_request_from_json(const json_t *request);
+void berth_request_free(berth_model_request *r);
+
 typedef void (*berth_delta_fn)(void *ud, const char *text, size_t len);
 /* reply (ownership passed) on success; else code (a short stable string such as
  * "canceled", "unavailable", "invalid_argument") and message (malloc'd, passed). */
@@ -31,7 +64,7 @@ typedef void (*berth_reply_fn)(void *ud, json_t *reply, const char *code, char *
 
 typedef struct berth_model_ops {
   const char *name;
-  int (*chat)(berth_model *m, const json_t *request, berth_delta_fn delta,
+  int (*chat)(berth_model *m, const berth_model_request *request, berth_delta_fn delta,
               berth_reply_fn done, void *ud, berth_model_call **call, char **err);
   void (*cancel)(berth_model *m, berth_model_call *call);
   void (*free)(berth_model *m);

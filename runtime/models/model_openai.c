@@ -2,8 +2,9 @@
  * model_openai.c — the `openai` model adapter: OpenAI-compatible chat completions
  * with `stream: true` (Ollama, llama.cpp, vLLM, OpenAI and their kin).
  *
- * One call: POST {url}/chat/completions with {model, messages, tools, stream: true}
- * built with jansson from the request natives.c converted from Lua; the response's
+ * One call: POST {url}/chat/completions with {model, messages, tools, stream: true},
+ * written around the request's texts (model.h: written straight from the hook's
+ * tables, never built as a tree); the response's
  * server-sent events are handed, as they arrive and always from the loop (http.c
  * drains outside libcurl's callbacks), to the stream assembler (openai_stream.c),
  * which passes text to `delta` and builds the assistant message at the end.
@@ -23,6 +24,7 @@
 #include "plimsoll.h"             /* plm_loopback_host: one rule */
 #include "xalloc.h"
 #include "http.h"
+#include "json_text.h"            /* lib/: the one compact JSON writer */
 #include "openai.h"
 
 #include <arpa/inet.h>
@@ -129,6 +131,7 @@ struct openai {
   char *key;                    /* for scrubbing messages; NULL when none */
   char *auth;                   /* the Authorization header line */
   char *model;
+  char *model_json;             /* the model's name as a JSON string */
   bool loopback;
   berth_openai_options o;       /* numbers only; the strings are the copies above */
   oai_call *calls;
@@ -429,31 +432,56 @@ static int start_attempt(oai_call *c)
   return c->req ? 0 : -1;
 }
 
-static int o_chat(berth_model *base, const json_t *request, berth_delta_fn delta,
-                  berth_reply_fn done, void *ud, berth_model_call **out, char **err)
+/* The body, {"model":…,"messages":…,"stream":true,"tools":…}, in the order and bytes
+ * json_pack and json_dumps gave it, written around the texts of the request's parts
+ * (model.h): the history is written once, straight from the host's tables. */
+static char *request_body(const openai *m, const berth_model_request *request,
+                          size_t *len, char **err)
+{
+  const char *msgs, *tools;
+  size_t mlen, tlen;
+  if (berth_request_count(request) < 0) {
+    *err = berth_xstrdup("openai model: the request has no messages array");
+    return NULL;
+  }
+  if (berth_request_text(request, "messages", &msgs, &mlen) != 0 ||
+      berth_request_text(request, "tools", &tools, &tlen) != 0) {
+    *err = berth_xstrdup("openai model: the request cannot be encoded (out of memory)");
+    return NULL;
+  }
+  plm_json_out o = {0};
+  plm_json_put_raw(&o, "{\"model\":", 9);
+  plm_json_put_raw(&o, m->model_json, strlen(m->model_json));
+  plm_json_put_raw(&o, ",\"messages\":", 12);
+  plm_json_put_raw(&o, msgs, mlen);
+  plm_json_put_raw(&o, ",\"stream\":true", 14);
+  if (tools && tools[0] == '[' && tlen > 2) {   /* [] is refused by some */
+    plm_json_put_raw(&o, ",\"tools\":", 9);
+    plm_json_put_raw(&o, tools, tlen);
+  }
+  plm_json_put_raw(&o, "}", 2);     /* with the NUL */
+  if (o.failed) {
+    free(o.p);
+    *err = berth_xstrdup("openai model: the request cannot be encoded (out of memory)");
+    return NULL;
+  }
+  *len = o.len - 1;
+  return o.p;
+}
+
+static int o_chat(berth_model *base, const berth_model_request *request,
+                  berth_delta_fn delta, berth_reply_fn done, void *ud, berth_model_call **out,
+                  char **err)
 {
   openai *m = (openai *)base;
-  const json_t *msgs = json_object_get(request, "messages");
-  if (!json_is_array(msgs)) {
-    *err = berth_xstrdup("openai model: the request has no messages array");
+  size_t body_len;
+  char *body = request_body(m, request, &body_len, err);
+  if (!body)
     return -1;
-  }
-  json_t *req = json_pack("{s:s, s:O, s:b}", "model", m->model, "messages", (json_t *)msgs,
-                          "stream", 1);
-  const json_t *tools = json_object_get(request, "tools");
-  if (req && json_is_array(tools) && json_array_size(tools))  /* [] is refused by some */
-    json_object_set(req, "tools", (json_t *)tools);
-  char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-  json_decref(req);
-  oai_call *c = body ? berth_xcalloc(1, sizeof *c) : NULL;
-  if (!c) {
-    free(body);
-    *err = berth_xstrdup("openai model: the request cannot be encoded (out of memory)");
-    return -1;
-  }
+  oai_call *c = berth_xcalloc(1, sizeof *c);
   c->m = m;
   c->body = body;
-  c->body_len = strlen(body);
+  c->body_len = body_len;
   c->delta = delta;
   c->done = done;
   c->ud = ud;
@@ -489,6 +517,7 @@ static void o_free(berth_model *base)
   free(m->key);
   free(m->auth);
   free(m->model);
+  free(m->model_json);
   free(m);
 }
 
@@ -571,15 +600,25 @@ berth_model *berth_openai_new(const berth_openai_options *oo, const berth_model_
     *err = berth_xstrdup("openai model: bad retry or timeout options");
     return NULL;
   }
+  json_t *name = json_string(oo->model);
+  char *model_json = name ? plm_json_write(name, NULL) : NULL;
+  json_decref(name);
+  if (!model_json) {
+    *err = berth_xstrdup("the model name (BERTH_MODEL or --model openai:NAME) is not UTF-8 text");
+    return NULL;
+  }
   bool loopback = false;
   char *url = endpoint(oo->url ? oo->url : BERTH_OPENAI_DEFAULT_URL, oo->insecure_http,
                        &loopback, err);
-  if (!url)
+  if (!url) {
+    free(model_json);
     return NULL;
+  }
   openai *m = berth_xcalloc(1, sizeof *m);
   if (!m || !(m->http = berth_http_new(o->loop))) {
     free(m);
     free(url);
+    free(model_json);
     *err = berth_xstrdup("openai model: cannot set up the HTTP client");
     return NULL;
   }
@@ -588,6 +627,7 @@ berth_model *berth_openai_new(const berth_openai_options *oo, const berth_model_
   m->url = url;
   m->loopback = loopback;
   m->model = berth_xstrdup(oo->model);
+  m->model_json = model_json;
   if (oo->api_key && *oo->api_key) {
     m->key = berth_xstrdup(oo->api_key);
     m->auth = oai_fmt("Authorization: Bearer %s", oo->api_key);

@@ -9,6 +9,7 @@
  * the same replies, whatever the hooks do in between.
  */
 #include "jsonlua.h"
+#include "plimsoll.h"             /* the one UTF-8 checker */
 #include "xalloc.h"
 #include "model.h"
 
@@ -384,19 +385,20 @@ static void call_id(char *buf, size_t n, size_t turn, size_t step, size_t call)
 }
 
 /* The tool message answering `id` after message `from`, parsed (NULL if none). */
-static json_t *tool_result(const json_t *msgs, size_t from, const char *id, bool *found)
+static json_t *tool_result(const berth_model_request *req, size_t from, const char *id,
+                           bool *found)
 {
   *found = false;
-  for (size_t i = from; i < json_array_size(msgs); i++) {
-    const json_t *msg = json_array_get(msgs, i);
-    const char *role = json_string_value(json_object_get(msg, "role"));
-    const char *tid = json_string_value(json_object_get(msg, "tool_call_id"));
+  for (size_t i = from; i < (size_t)berth_request_count(req); i++) {
+    const char *role = berth_request_string(req, i, "role", NULL);
+    const char *tid = berth_request_string(req, i, "tool_call_id", NULL);
     if (role && tid && !strcmp(role, "tool") && !strcmp(tid, id)) {
       *found = true;
-      const json_t *content = json_object_get(msg, "content");
-      if (!json_is_string(content))
-        return json_incref((json_t *)content);
-      return json_loads(json_string_value(content), JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+      size_t len;
+      const char *content = berth_request_string(req, i, "content", &len);
+      if (!content)
+        return json_incref((json_t *)berth_request_value(req, i, "content"));
+      return json_loadb(content, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
     }
   }
   return NULL;
@@ -404,7 +406,7 @@ static json_t *tool_result(const json_t *msgs, size_t from, const char *id, bool
 
 /* Checks the expectations of step `step` (1-based) of turn k. */
 static void check_step(scripted *m, const json_t *turn, size_t k, size_t step,
-                       const json_t *msgs, size_t from)
+                       const berth_model_request *req, size_t from)
 {
   const json_t *reply = json_array_get(json_object_get(turn, "replies"), step - 1);
   size_t i;
@@ -417,7 +419,7 @@ static void check_step(scripted *m, const json_t *turn, size_t k, size_t step,
       continue;
     json_object_set_new(m->seen, id, json_true());
     bool found;
-    json_t *res = tool_result(msgs, from, id, &found);
+    json_t *res = tool_result(req, from, id, &found);
     if (!found)
       report(m, false, "%s: no tool result came back for this call", id);
     else
@@ -451,6 +453,12 @@ static json_t *fill(const json_t *text, const char *user)
   }
   *o = '\0';
   json_t *v = json_stringn(out, (size_t)(o - out));
+  if (!v) {                     /* the user's text as given, not checked: mend it */
+    size_t clen;
+    char *clean = plm_utf8_lossy((const unsigned char *)out, (size_t)(o - out), &clen);
+    v = clean ? json_stringn(clean, clen) : NULL;
+    free(clean);
+  }
   free(out);
   return v ? v : json_string("");
 }
@@ -526,18 +534,19 @@ static void deliver(struct ev_loop *loop, ev_timer *w, int revents)
   free(c);
 }
 
-static int s_chat(berth_model *base, const json_t *request, berth_delta_fn delta,
-                  berth_reply_fn done, void *ud, berth_model_call **out, char **err)
+static int s_chat(berth_model *base, const berth_model_request *request,
+                  berth_delta_fn delta, berth_reply_fn done, void *ud, berth_model_call **out,
+                  char **err)
 {
   scripted *m = (scripted *)base;
-  const json_t *msgs = json_object_get(request, "messages");
-  if (!json_is_array(msgs)) {
+  long n = berth_request_count(request);
+  if (n < 0) {
     *err = berth_xstrdup("scripted model: the request has no messages array");
     return -1;
   }
   size_t k = 0, last_user = 0, step = 1;
-  for (size_t i = 0; i < json_array_size(msgs); i++) {
-    const char *role = json_string_value(json_object_get(json_array_get(msgs, i), "role"));
+  for (size_t i = 0; i < (size_t)n; i++) {
+    const char *role = berth_request_string(request, i, "role", NULL);
     if (role && !strcmp(role, "user")) {
       k++;
       last_user = i;
@@ -557,13 +566,13 @@ static int s_chat(berth_model *base, const json_t *request, berth_delta_fn delta
     report(m, false, "turn %zu: the conversation has more user messages than the script", k);
     reply = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
   } else {
-    const char *said = json_string_value(json_object_get(json_array_get(msgs, last_user), "content"));
+    const char *said = berth_request_string(request, last_user, "content", NULL);
     const char *want = json_string_value(json_object_get(turn, "user"));
     /* "*" stands for any message */
     if (step == 1 && strcmp(want, "*") != 0 && (!said || strcmp(said, want) != 0))
       report(m, false, "turn %zu: the user message differs from the script's", k);
     if (step > 1 && step - 1 <= json_array_size(json_object_get(turn, "replies")))
-      check_step(m, turn, k, step - 1, msgs, last_user);
+      check_step(m, turn, k, step - 1, request, last_user);
     reply = build_reply(turn, k, step,
                         json_is_true(json_object_get(m->script, "template")) ? said : NULL);
   }

@@ -93,7 +93,11 @@ static bool chat(berth_model *m, json_t *msgs, const json_t *calls, play *p, uin
   char *err = NULL;
   p->done = false;
   p->reply = NULL;
-  int rc = m->ops->chat(m, req, on_delta, on_reply, p, &c, &err);
+  berth_model_request *r = berth_request_from_json(req);
+  if (!r)
+    abort();
+  int rc = m->ops->chat(m, r, on_delta, on_reply, p, &c, &err);
+  berth_request_free(r);
   json_decref(req);
   if (rc != 0) {
     free(err);

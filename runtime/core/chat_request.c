@@ -1,0 +1,190 @@
+/*
+ * chat_request.c — model.chat's request, read from the Lua tables (chat_request.h).
+ *
+ * The readers run inside an adapter's chat(), a C call from l_chat: they must not
+ * raise (an adapter's frames hold memory of their own) nor run script code (no
+ * metamethods: raw accesses only).  A string field is found by walking the message's
+ * keys, which allocates nothing; what allocates (a tree, a text) runs under lua_pcall,
+ * its arguments pushed without allocating (a light C function, light userdata, values
+ * already on the stack), so a memory error comes back as NULL.
+ */
+#include "chat_request.h"
+#include "jsonlua.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+
+static long r_count(const berth_model_request *base)
+{
+  return ((const berth_chat_request *)base)->count;
+}
+
+/* Pushes message i; false (nothing pushed) when the stack cannot grow. */
+static bool push_message(const berth_chat_request *r, size_t i)
+{
+  if (!lua_checkstack(r->L, 4))
+    return false;
+  lua_rawgeti(r->L, r->messages, (lua_Integer)i + 1);
+  return true;
+}
+
+static const char *r_string(const berth_model_request *base, size_t i, const char *name,
+                            size_t *len)
+{
+  const berth_chat_request *r = (const berth_chat_request *)base;
+  lua_State *L = r->L;
+  if (!push_message(r, i))
+    return NULL;
+  const char *s = NULL;
+  if (lua_type(L, -1) == LUA_TTABLE) {
+    /* lua_rawget would need the name as a Lua string, which may allocate */
+    size_t nlen = strlen(name);
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      size_t klen;
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &klen) : NULL;
+      if (k && klen == nlen && memcmp(k, name, nlen) == 0) {
+        if (lua_type(L, -1) == LUA_TSTRING)
+          s = lua_tolstring(L, -1, len);  /* anchored by the message, which the
+                                             messages on the stack anchor */
+        lua_pop(L, 2);
+        break;
+      }
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+  return s;
+}
+
+typedef struct convert_args {
+  size_t i;
+  const char *name;
+  json_t *out;
+} convert_args;
+
+/* Under lua_pcall: 1 the messages, 2 the arguments. */
+static int convert_field(lua_State *L)
+{
+  convert_args *a = lua_touserdata(L, 2);
+  if (lua_rawgeti(L, 1, (lua_Integer)a->i + 1) != LUA_TTABLE)
+    return 0;
+  lua_pushstring(L, a->name);
+  if (lua_rawget(L, -2) != LUA_TNIL)
+    a->out = berth_json_check(L, -1);
+  return 0;
+}
+
+static const json_t *r_value(const berth_model_request *base, size_t i, const char *name)
+{
+  berth_chat_request *r = (berth_chat_request *)base;   /* keeps what it converts */
+  lua_State *L = r->L;
+  if (r->n_values == r->cap_values) {
+    size_t cap = r->cap_values ? 2 * r->cap_values : 4;
+    json_t **v = realloc(r->values, cap * sizeof *v);
+    if (!v)
+      return NULL;
+    r->values = v;
+    r->cap_values = cap;
+  }
+  if (!lua_checkstack(L, 4))
+    return NULL;
+  convert_args a = {i, name, NULL};
+  lua_pushcfunction(L, convert_field);
+  lua_pushvalue(L, r->messages);
+  lua_pushlightuserdata(L, &a);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    lua_pop(L, 1);              /* the error: memory ran out */
+    return NULL;
+  }
+  if (a.out)
+    r->values[r->n_values++] = a.out;
+  return a.out;
+}
+
+/* Under lua_pcall: 1 the value; its text is left as the result. */
+static int encode_part(lua_State *L)
+{
+  berth_json_encode(L, 1, 0);
+  return 1;
+}
+
+static int r_text(const berth_model_request *base, const char *part, const char **text,
+                  size_t *len)
+{
+  berth_chat_request *r = (berth_chat_request *)base;   /* keeps the slot of each text */
+  lua_State *L = r->L;
+  int k = strcmp(part, "messages") == 0 ? 0 : 1;
+  int slot = k == 0 ? r->messages : r->tools;
+  if (!slot)
+    return 0;
+  if (!r->text[k]) {
+    if (!lua_checkstack(L, 3))
+      return -1;
+    lua_pushcfunction(L, encode_part);
+    lua_pushvalue(L, slot);
+    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+      lua_pop(L, 1);
+      return -1;
+    }
+    r->text[k] = lua_gettop(L);  /* stays on the stack until chat() returns */
+  }
+  *text = lua_tolstring(L, r->text[k], len);
+  return 0;
+}
+
+static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text, NULL};
+
+/* -1 unless the value at idx converts to an array: the marker, or keys 1..n. */
+static long array_length(lua_State *L, int idx)
+{
+  if (lua_getmetatable(L, idx)) {
+    luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
+    int marked = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    if (marked)
+      return (long)lua_rawlen(L, idx);
+  }
+  lua_pushnil(L);
+  if (!lua_next(L, idx))
+    return -1;                  /* {}: an object */
+  int first = lua_type(L, -2);
+  lua_pop(L, 2);
+  /* It converts (checked before), so a first key that is not a string makes an array
+   * of keys 1..n, whose border is n — unless an object marker made it an object
+   * (then every key is a string). */
+  return first == LUA_TSTRING ? -1 : (long)lua_rawlen(L, idx);
+}
+
+void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools)
+{
+  memset(r, 0, sizeof *r);
+  r->base.ops = &chat_request_ops;
+  r->L = L;
+  r->messages = lua_absindex(L, messages);
+  r->tools = tools ? lua_absindex(L, tools) : 0;
+  if (!berth_json_converts(L, r->messages) || (r->tools && !berth_json_converts(L, r->tools))) {
+    /* The error names its path from the request, as it always has. */
+    lua_createtable(L, 0, 2);
+    lua_pushvalue(L, r->messages);
+    lua_setfield(L, -2, "messages");
+    if (r->tools) {
+      lua_pushvalue(L, r->tools);
+      lua_setfield(L, -2, "tools");
+    }
+    berth_json_check_converts(L, -1);
+    lua_pop(L, 1);
+  }
+  r->count = lua_istable(L, r->messages) ? array_length(L, r->messages) : -1;
+}
+
+void berth_chat_request_done(berth_chat_request *r)
+{
+  for (size_t i = 0; i < r->n_values; i++)
+    json_decref(r->values[i]);
+  free(r->values);
+  r->values = NULL;
+  r->n_values = r->cap_values = 0;
+}

@@ -1,0 +1,36 @@
+/*
+ * chat_request.h — the request model.chat hands an adapter, read from its Lua tables.
+ *
+ * model.chat used to convert the whole {messages, tools} into a jansson tree at every
+ * call, 40 % of a scripted turn, though the scripted model reads a few fields and the
+ * openai adapter sends text.  Now the tables are checked to have a JSON form without
+ * building anything (berth_json_converts), and each adapter reads what it needs
+ * through model.h's readers, from the tables themselves, while chat() runs.
+ */
+#ifndef BERTH_CHAT_REQUEST_H
+#define BERTH_CHAT_REQUEST_H
+
+#include <lua.h>
+
+#include "request.h"
+
+typedef struct berth_chat_request {
+  berth_model_request base;
+  lua_State *L;
+  int messages, tools;          /* stack slots of l_chat's frame; tools 0: none */
+  long count;
+  int text[2];                  /* slots of the texts written (messages, tools); 0: not yet */
+  json_t **values;              /* what berth_request_value converted, owned */
+  size_t n_values, cap_values;
+} berth_chat_request;
+
+/* Fills r for the messages and tools at those slots (tools 0: none) of the running C
+ * function's frame, where they must stay until berth_chat_request_done.  Raises
+ * jsonlua's error, naming the path from the request ($.messages[2].content), when a
+ * part has no JSON form.  Readers push on L's stack (texts stay there): the caller
+ * sets the top back after chat(). */
+void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools);
+/* Frees what the readers converted.  Never raises. */
+void berth_chat_request_done(berth_chat_request *r);
+
+#endif /* BERTH_CHAT_REQUEST_H */

@@ -1,0 +1,123 @@
+/*
+ * request.c — the readers of a model call's request (model.h), and a request read
+ * from a JSON value, for callers in C.
+ */
+#include "request.h"
+#include "json_text.h"            /* lib/: the one compact JSON writer */
+#include "xalloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+long berth_request_count(const berth_model_request *r)
+{
+  return r->ops->count(r);
+}
+
+const char *berth_request_string(const berth_model_request *r, size_t i, const char *name,
+                                 size_t *len)
+{
+  long n = r->ops->count(r);
+  if (n < 0 || i >= (size_t)n || !name)
+    return NULL;
+  return r->ops->string(r, i, name, len);
+}
+
+const json_t *berth_request_value(const berth_model_request *r, size_t i, const char *name)
+{
+  long n = r->ops->count(r);
+  if (n < 0 || i >= (size_t)n || !name)
+    return NULL;
+  return r->ops->value(r, i, name);
+}
+
+int berth_request_text(const berth_model_request *r, const char *part, const char **text,
+                       size_t *len)
+{
+  *text = NULL;
+  *len = 0;
+  if (!part || (strcmp(part, "messages") != 0 && strcmp(part, "tools") != 0))
+    return 0;
+  return r->ops->text(r, part, text, len);
+}
+
+void berth_request_free(berth_model_request *r)
+{
+  if (r && r->ops->free)
+    r->ops->free(r);
+}
+
+/* {====================================================== from a JSON value */
+
+typedef struct json_request {
+  berth_model_request base;
+  const json_t *request;
+  char *text[2];                /* messages, tools: written when first asked for */
+  size_t len[2];
+} json_request;
+
+static long j_count(const berth_model_request *r)
+{
+  const json_t *msgs = json_object_get(((const json_request *)r)->request, "messages");
+  return json_is_array(msgs) ? (long)json_array_size(msgs) : -1;
+}
+
+static const json_t *message(const berth_model_request *r, size_t i)
+{
+  return json_array_get(json_object_get(((const json_request *)r)->request, "messages"), i);
+}
+
+static const char *j_string(const berth_model_request *r, size_t i, const char *name,
+                            size_t *len)
+{
+  const json_t *v = json_object_get(message(r, i), name);
+  if (!json_is_string(v))
+    return NULL;
+  if (len)
+    *len = json_string_length(v);
+  return json_string_value(v);
+}
+
+static const json_t *j_value(const berth_model_request *r, size_t i, const char *name)
+{
+  return json_object_get(message(r, i), name);
+}
+
+static int j_text(const berth_model_request *r, const char *part, const char **text,
+                  size_t *len)
+{
+  json_request *j = (json_request *)r;   /* the text is kept once written */
+  int k = strcmp(part, "messages") == 0 ? 0 : 1;
+  if (!j->text[k]) {
+    const json_t *v = json_object_get(j->request, part);
+    if (!v || json_is_null(v))
+      return 0;
+    if (!(j->text[k] = plm_json_write(v, &j->len[k])))
+      return -1;
+  }
+  *text = j->text[k];
+  *len = j->len[k];
+  return 0;
+}
+
+static void j_free(berth_model_request *r)
+{
+  json_request *j = (json_request *)r;
+  free(j->text[0]);
+  free(j->text[1]);
+  free(j);
+}
+
+static const berth_request_ops json_ops = {j_count, j_string, j_value, j_text, j_free};
+
+berth_model_request *berth_request_from_json(const json_t *request)
+{
+  json_request *j = calloc(1, sizeof *j);
+  if (!j)
+    return NULL;
+  j->base.ops = &json_ops;
+  j->request = request;
+  return &j->base;
+}
+
+/* }====================================================== */
