@@ -123,6 +123,7 @@ static int group_teardown(void **state)
 static const char chat_hooks[] =
   "return { onTurn = function(ctx, m)\n"
   "  local req = json.decode(m)\n"
+  "  if req.illFormed then req.messages[1].content = req.messages[1].content .. '\\255' end\n"
   "  local reply, err, code = model.chat{messages = req.messages, tools = req.tools,\n"
   "    on_delta = function(d)\n"
   "      if utf8.len(d) == nil then ctx:emit('badDelta', #d) end\n"
@@ -399,6 +400,49 @@ static void test_openai_split_tool_call_arguments_assembled(void **state)
   const json_t *tool = json_array_get(json_object_get(b, "tools"), 0);
   assert_string_equal(json_string_value(json_object_get(json_object_get(tool, "function"),
                                                         "name")), "executeCode");
+  json_decref(s);
+  stop(t);
+}
+
+/* The body is written around the texts of the request's parts: valid JSON in the
+ * order the API's examples give (model, messages, stream, tools), a real kept as a
+ * real, ill-formed UTF-8 in the history mended, not sent as is. */
+static void test_openai_body_written_from_the_hooks_tables(void **state)
+{
+  (void)state;
+  ht *t = start("text", "body1", NULL);
+  send_turn(t, "{\"illFormed\": true, \"messages\": [{\"role\": \"user\", \"content\": \"caf\"},\n"
+               " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\",\n"
+               "  \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]},\n"
+               " {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"{\\\"x\\\": 1}\"}],\n"
+               " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\",\n"
+               "  \"parameters\": {\"type\": \"object\", \"minimum\": 0.5, \"n\": 3}}}]}");
+  assert_non_null(reply_of(t));
+  json_t *s = fake_stats("body1");
+  const json_t *b = json_array_get(json_object_get(s, "bodies"), 0);
+  assert_null(json_object_get(b, "unparsed"));
+  const char *order[] = {"model", "messages", "stream", "tools"};
+  size_t k = 0;
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)b, key, v) {
+    assert_true(k < 4);
+    assert_string_equal(key, order[k++]);
+  }
+  assert_int_equal(k, 4);
+  json_t *want = json_loads(
+    "[{\"content\": \"caf\ufffd\", \"role\": \"user\"},"
+    " {\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"arguments\": \"{}\","
+    "   \"name\": \"f\"}, \"id\": \"c1\", \"type\": \"function\"}]},"
+    " {\"content\": \"{\\\"x\\\": 1}\", \"role\": \"tool\", \"tool_call_id\": \"c1\"}]", 0, NULL);
+  assert_non_null(want);
+  assert_true(json_equal(json_object_get(b, "messages"), want));
+  json_decref(want);
+  const json_t *params = json_object_get(json_object_get(json_array_get(
+    json_object_get(b, "tools"), 0), "function"), "parameters");
+  assert_true(json_is_real(json_object_get(params, "minimum")));
+  assert_true(json_real_value(json_object_get(params, "minimum")) == 0.5);
+  assert_true(json_is_integer(json_object_get(params, "n")));
   json_decref(s);
   stop(t);
 }
@@ -1003,6 +1047,7 @@ int main(void)
     cmocka_unit_test(test_openai_stream_without_done_but_with_finish_reason_accepted),
     cmocka_unit_test(test_openai_non_streamed_json_answer_accepted),
     cmocka_unit_test(test_openai_split_tool_call_arguments_assembled),
+    cmocka_unit_test(test_openai_body_written_from_the_hooks_tables),
     cmocka_unit_test(test_openai_parallel_tool_calls_kept_apart),
     cmocka_unit_test(test_openai_retry_after_429_then_success),
     cmocka_unit_test(test_openai_5xx_retried_until_success),
