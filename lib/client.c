@@ -46,9 +46,10 @@ bool plm_loopback_host(const char *host)
     return strncmp(host, "127.", 4) == 0 && inet_pton(AF_INET, host, &a4) == 1;
 }
 
-static plm_error *check_base_url(const char *url, bool insecure, char **out)
+static plm_error *check_base_url(const char *url, bool insecure, char **out, bool *loopback)
 {
     *out = NULL;
+    *loopback = false;
     if (!url || !*url)
         return bad_url("is required");
     size_t n = strlen(url);
@@ -73,6 +74,7 @@ static plm_error *check_base_url(const char *url, bool insecure, char **out)
                     "insecureHttp to allow it");
     }
     if (!e) {
+        *loopback = plm_loopback_host(host);
         *out = strdup(url);
         size_t len = strlen(*out);
         while (len > 0 && (*out)[len - 1] == '/')
@@ -99,7 +101,8 @@ plm_error *plm_client_new(struct ev_loop *loop, const plm_client_options *o, plm
                            "plimsoll: requestTimeoutMs must be > 0 and <= 2^31-1 (got %lld)",
                            (long long)o->request_timeout_ms);
     char *base;
-    plm_error *e = check_base_url(o->base_url, o->insecure_http, &base);
+    bool loopback;
+    plm_error *e = check_base_url(o->base_url, o->insecure_http, &base, &loopback);
     if (e)
         return e;
     plm_client *c = calloc(1, sizeof *c);
@@ -113,7 +116,7 @@ plm_error *plm_client_new(struct ev_loop *loop, const plm_client_options *o, plm
     c->token = plm_strdup(o->token && *o->token ? o->token : NULL);
     c->js_grant = plm_strdup(o->javascript_grant_profile);
     c->project_grant = plm_strdup(o->project_grant_profile);
-    plm_http_config cfg = {base, c->token, o->ca_file, c->timeout_ms};
+    plm_http_config cfg = {base, c->token, o->ca_file, c->timeout_ms, loopback};
     c->http = c->loop ? plm_http_new(c->loop, &cfg) : NULL;
     c->reader = plm_json_reader_new();
     free(base);

@@ -142,6 +142,7 @@ typedef void (*plm_exchange_cb)(void *ud, plm_exchange *x);
 typedef struct plm_http_config {
     const char *base_url, *token, *ca_file;
     long timeout_ms;
+    bool loopback;              /* the daemon is on this machine: never through a proxy */
 } plm_http_config;
 
 plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg);

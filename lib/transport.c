@@ -38,6 +38,7 @@ struct plm_http {
     char *base_url, *ca_file;
     struct curl_slist *fixed;   /* the headers every request sends (the bearer's last) */
     long timeout_ms;
+    bool loopback;
 };
 
 struct xfer {
@@ -179,7 +180,8 @@ static void xfer_free(xfer *t)
     plm_cancel_unlisten(&t->cancel_l);
     /* A spare keeps its options (not curl_easy_reset: 6 600 instructions a call): the
      * next exchange sets every one of them again, the same set each time, before its
-     * transfer starts.  Meanwhile the pointers they hold (this body, this header
+     * transfer starts (but CURLOPT_NOPROXY, the same for every exchange of a transport,
+     * set once).  Meanwhile the pointers they hold (this body, this header
      * node) dangle unread. */
     if (t->easy && t->h->n_spare < (int)PLM_ARRAY_LEN(t->h->spare))
         t->h->spare[t->h->n_spare++] = t->easy;
@@ -324,6 +326,7 @@ plm_http *plm_http_new(struct ev_loop *loop, const plm_http_config *cfg)
     ev_timer_init(&h->reap, reap_cb, 0., 0.);
     h->reap.data = h;
     h->timeout_ms = cfg->timeout_ms;
+    h->loopback = cfg->loopback;
     h->base_url = strdup(cfg->base_url);
     h->ca_file = plm_strdup(cfg->ca_file);
     /* The bearer's header exists once, in this list, cleansed when it is freed. */
@@ -404,7 +407,8 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     snprintf(t->id_header, sizeof t->id_header, "Plimsoll-Request-Id: %s", t->x.request_id);
     t->id_node.data = t->id_header;
     t->id_node.next = h->fixed;
-    t->easy = h->n_spare ? h->spare[--h->n_spare] : curl_easy_init();
+    bool fresh = h->n_spare == 0;   /* a spare has this transport's options already */
+    t->easy = fresh ? curl_easy_init() : h->spare[--h->n_spare];
     if (!url || !t->easy)
         goto fail;
     CURL *e = t->easy;
@@ -419,6 +423,12 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 5L);
     if (h->ca_file)
         curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_file);
+    /* A daemon on loopback is reached directly, whatever http_proxy or all_proxy say:
+     * a proxy cannot reach this machine's loopback, and the bearer would cross the
+     * network in cleartext to get there.  (A remote https daemon may go through one:
+     * the tunnel keeps TLS end to end.) */
+    if (fresh && h->loopback)
+        curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
     if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK)
         goto fail;
     free(url);

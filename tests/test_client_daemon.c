@@ -189,6 +189,27 @@ static void test_R01_single_run_verified_end_to_end(void **state)
     plm_client_free(c);
 }
 
+/* A daemon on loopback is reached directly whatever proxy the environment names: a
+ * proxy cannot reach this machine's loopback, and the bearer would go to it in
+ * cleartext.  The proxy named here is a closed port, so a call through it fails. */
+static void test_loopback_daemon_is_never_reached_through_a_proxy(void **state)
+{
+    static const char *const vars[] = {"http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"};
+    for (size_t i = 0; i < PLM_ARRAY_LEN(vars); i++)
+        setenv(vars[i], "http://127.0.0.1:1", 1);
+    unsetenv("no_proxy");
+    unsetenv("NO_PROXY");
+    plm_client *c = direct();
+    plm_error *e = NULL;
+    plm_result *r = run_js(c, "1", NULL, &e);
+    for (size_t i = 0; i < PLM_ARRAY_LEN(vars); i++)
+        unsetenv(vars[i]);
+    ok(e);
+    assert_string_equal(r->stdout_text, "javascript 1: 1");
+    plm_result_free(r);
+    plm_client_free(c);
+}
+
 static void test_E18_floor_above_tier_refused_before_dispatch(void **state)
 {
     plm_client *c = direct();
@@ -1628,6 +1649,7 @@ int main(void)
         cmocka_unit_test_setup(test_W33_describe_states_protocol_provider_and_sessions, reset_proxy),
         cmocka_unit_test_setup(test_W01_bearer_token_is_required_by_this_daemon, reset_proxy),
         cmocka_unit_test_setup(test_R01_single_run_verified_end_to_end, reset_proxy),
+        cmocka_unit_test_setup(test_loopback_daemon_is_never_reached_through_a_proxy, reset_proxy),
         cmocka_unit_test_setup(test_E18_floor_above_tier_refused_before_dispatch, reset_proxy),
         cmocka_unit_test_setup(test_R09_missing_record_is_data_loss, reset_proxy),
         cmocka_unit_test_setup(test_R11_result_digest_field_tampered_is_data_loss, reset_proxy),
