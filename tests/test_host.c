@@ -809,10 +809,14 @@ static int reader_chat(berth_model *m, const berth_model_request *r, berth_delta
   assert_ptr_equal(again, msgs);
   bool past_end = !berth_request_string(r, (size_t)(n < 0 ? 0 : n), "role", NULL) &&
                   !berth_request_value(r, (size_t)(n < 0 ? 0 : n), "role");
-  json_t *report = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:b}", "count", (json_int_t)n,
-                             "roles", roles, "lens", lens, "values", values,
-                             "messages", text_or_null(msgs, mlen),
-                             "tools", text_or_null(tools, tlen), "past_end", past_end);
+  bool big = mlen > 65536;      /* the report goes back into a capped state */
+  json_t *report = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:b, s:I}", "count", (json_int_t)n,
+                             "roles", roles, "lens", lens,
+                             "values", big ? json_null() : json_incref(values),
+                             "messages", big ? json_null() : text_or_null(msgs, mlen),
+                             "tools", text_or_null(tools, tlen), "past_end", past_end,
+                             "messages_len", (json_int_t)mlen);
+  json_decref(values);
   assert_non_null(report);
   *err = json_dumps(report, JSON_COMPACT);
   json_decref(report);
@@ -865,6 +869,7 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   assert_non_null(want);
   json_t *msgs = json_incref(json_object_get(r, "messages"));
   json_object_del(r, "messages");
+  json_object_del(r, "messages_len");
   if (!json_equal(r, want)) {
     char *got = json_dumps(r, JSON_COMPACT);
     fail_msg("read %s", got);
@@ -898,6 +903,34 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   assert_contains(turn(t, "local m = {} m[1] = m return model.chat{messages = m}"),
                   "contains itself");
   assert_int_equal(reader_calls, calls);
+  assert_string_equal(turn(t, "return 'alive'"), "alive");
+  stop(t);
+}
+
+static void reader_in_32_mib(berth_options *o)
+{
+  small_budget(o);
+  o->model = &reader;
+}
+
+/* The texts an adapter asks for are made outside the Lua heap: a history of 20 MiB in
+ * a state capped at 32 MiB is sent whole, where a copy in the heap would not fit. */
+static void test_model_request_text_is_made_outside_the_lua_heap(void **state)
+{
+  (void)state;
+  ht *t = start_eval(reader_in_32_mib);
+  const char *said = turn(t,
+    "local m = {}\n"
+    "for i = 1, 20 do m[i] = {role = 'user', content = string.rep('x', 1 << 20) .. i} end\n"
+    "local r, report, code = model.chat{messages = m}\n"
+    "assert(r == nil and code == 'invalid_argument', code)\n"
+    "return report");
+  json_t *r = json_loads(said, 0, NULL);
+  if (!r)
+    fail_msg("not a report: %.300s", said);
+  assert_int_equal(json_integer_value(json_object_get(r, "count")), 20);
+  assert_true(json_integer_value(json_object_get(r, "messages_len")) > (20 << 20));
+  json_decref(r);
   assert_string_equal(turn(t, "return 'alive'"), "alive");
   stop(t);
 }
@@ -954,6 +987,7 @@ int main(void)
     cmocka_unit_test(test_T16_warm_refuses_empty_ids_without_a_daemon),
     cmocka_unit_test(test_model_chat_with_deltas),
     cmocka_unit_test(test_model_reads_the_request_from_the_tables),
+    cmocka_unit_test(test_model_request_text_is_made_outside_the_lua_heap),
     cmocka_unit_test(test_idle_timeout_suspends),
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),
     cmocka_unit_test(test_sighup_signal),

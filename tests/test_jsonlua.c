@@ -267,6 +267,12 @@ static void same_text(const char *chunk, bool direct)
       lua_pop(L, 1);
     }
     assert_int_equal(lua_gettop(L), top);
+    size_t alen;                        /* the malloc'd text, outside the heap: the same */
+    char *alloc = berth_json_encode_alloc(L, -1, &alen);
+    assert_int_equal(lua_gettop(L), top);
+    if (alen != strlen(want) || strcmp(alloc, want) != 0)
+      fail_msg("value %lld: alloc %.300s\n  tree %.300s", (long long)i, alloc, want);
+    free(alloc);
     lua_pushvalue(L, encode);
     lua_pushvalue(L, -2);
     lua_call(L, 1, 1);

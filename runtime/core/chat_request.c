@@ -104,34 +104,40 @@ static const json_t *r_value(const berth_model_request *base, size_t i, const ch
   return a.out;
 }
 
-/* Under lua_pcall: 1 the value; its text is left as the result. */
+/* Under lua_pcall: 1 the value, 2 where its text goes.  The text is malloc'd, outside
+ * the Lua heap: a long history must not count twice against the memory cap. */
 static int encode_part(lua_State *L)
 {
-  berth_json_encode(L, 1, 0);
+  size_t *len = lua_touserdata(L, 2);
+  char *text = berth_json_encode_alloc(L, 1, len);
+  lua_pushlightuserdata(L, text);
   return 1;
 }
 
 static int r_text(const berth_model_request *base, const char *part, const char **text,
                   size_t *len)
 {
-  berth_chat_request *r = (berth_chat_request *)base;   /* keeps the slot of each text */
+  berth_chat_request *r = (berth_chat_request *)base;   /* keeps each text it writes */
   lua_State *L = r->L;
   int k = strcmp(part, "messages") == 0 ? 0 : 1;
   int slot = k == 0 ? r->messages : r->tools;
   if (!slot)
     return 0;
   if (!r->text[k]) {
-    if (!lua_checkstack(L, 3))
+    if (!lua_checkstack(L, 4))
       return -1;
     lua_pushcfunction(L, encode_part);
     lua_pushvalue(L, slot);
-    if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    lua_pushlightuserdata(L, &r->text_len[k]);
+    if (lua_pcall(L, 2, 1, 0) != LUA_OK) {
       lua_pop(L, 1);
       return -1;
     }
-    r->text[k] = lua_gettop(L);  /* stays on the stack until chat() returns */
+    r->text[k] = lua_touserdata(L, -1);
+    lua_pop(L, 1);
   }
-  *text = lua_tolstring(L, r->text[k], len);
+  *text = r->text[k];
+  *len = r->text_len[k];
   return 0;
 }
 
@@ -186,5 +192,9 @@ void berth_chat_request_done(berth_chat_request *r)
     json_decref(r->values[i]);
   free(r->values);
   r->values = NULL;
+  for (int k = 0; k < 2; k++) {
+    free(r->text[k]);
+    r->text[k] = NULL;
+  }
   r->n_values = r->cap_values = 0;
 }

@@ -19,7 +19,8 @@ typedef struct berth_chat_request {
   lua_State *L;
   int messages, tools;          /* stack slots of l_chat's frame; tools 0: none */
   long count;
-  int text[2];                  /* slots of the texts written (messages, tools); 0: not yet */
+  char *text[2];                /* the texts written (messages, tools), owned */
+  size_t text_len[2];
   json_t **values;              /* what berth_request_value converted, owned */
   size_t n_values, cap_values;
 } berth_chat_request;
@@ -27,8 +28,7 @@ typedef struct berth_chat_request {
 /* Fills r for the messages and tools at those slots (tools 0: none) of the running C
  * function's frame, where they must stay until berth_chat_request_done.  Raises
  * jsonlua's error, naming the path from the request ($.messages[2].content), when a
- * part has no JSON form.  Readers push on L's stack (texts stay there): the caller
- * sets the top back after chat(). */
+ * part has no JSON form.  The readers leave L's stack as they found it. */
 void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools);
 /* Frees what the readers converted.  Never raises. */
 void berth_chat_request_done(berth_chat_request *r);

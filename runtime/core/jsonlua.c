@@ -672,11 +672,12 @@ static plm_json_out *text_buffer(lua_State *L)
   return o;
 }
 
-bool berth_json_encode_direct(lua_State *L, int idx)
+/* Writes the value at idx (absolute) into o, from len 0; false where the walk gave up
+ * or memory ran out (o->failed). */
+static bool write_direct(lua_State *L, int idx, plm_json_out *o)
 {
-  idx = lua_absindex(L, idx);
   twalk w;
-  w.o = text_buffer(L);
+  w.o = o;
   int top = lua_gettop(L);
   luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
   w.array_mt = lua_topointer(L, -1);
@@ -685,16 +686,43 @@ bool berth_json_encode_direct(lua_State *L, int idx)
   if (w.object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL)
     w.object_mt = NULL;          /* a script gave json.object an order: the tree path's */
   lua_settop(L, top);
-  w.o->len = 0;
-  w.o->failed = false;
-  bool ok = text_value(L, &w, idx, 0) && !w.o->failed;
+  o->len = 0;
+  o->failed = false;
+  return text_value(L, &w, idx, 0) && !o->failed;
+}
+
+bool berth_json_encode_direct(lua_State *L, int idx)
+{
+  idx = lua_absindex(L, idx);
+  plm_json_out *o = text_buffer(L);
+  bool ok = write_direct(L, idx, o);
   if (ok)
-    lua_pushlstring(L, w.o->p ? w.o->p : "", w.o->len);
-  if (w.o->cap > TEXT_BUFFER_KEPT) {
-    free(w.o->p);
-    memset(w.o, 0, sizeof *w.o);
+    lua_pushlstring(L, o->p ? o->p : "", o->len);
+  if (o->cap > TEXT_BUFFER_KEPT) {
+    free(o->p);
+    memset(o, 0, sizeof *o);
   }
   return ok;
+}
+
+char *berth_json_encode_alloc(lua_State *L, int idx, size_t *len)
+{
+  idx = lua_absindex(L, idx);
+  plm_json_out o = {0};
+  if (write_direct(L, idx, &o)) {
+    plm_json_put_raw(&o, "", 1);           /* the NUL */
+    if (!o.failed) {
+      *len = o.len - 1;
+      return o.p;
+    }
+  }
+  free(o.p);                    /* nothing raised while o.p was held: the walk runs no Lua */
+  json_t *v = berth_json_check(L, idx);   /* raises where the value has no JSON form */
+  char *text = plm_json_write(v, len);
+  json_decref(v);
+  if (!text)
+    luaL_error(L, "not enough memory");
+  return text;
 }
 
 /* }====================================================== */

@@ -59,6 +59,10 @@ void berth_json_encode(lua_State *L, int idx, int pretty);
  * the markers, an object of more than 8 keys) or refuses.  The bytes are the tree
  * path's; it raises only when memory runs out. */
 bool berth_json_encode_direct(lua_State *L, int idx);
+/* The same bytes as berth_json_encode (compact), but malloc'd and NUL-terminated, its
+ * length in *len, made outside the Lua heap (a model call's history is sent this way:
+ * it must not count twice against the memory cap).  Raises as berth_json_encode. */
+char *berth_json_encode_alloc(lua_State *L, int idx, size_t *len);
 
 /* Whether the value at `idx` converts (berth_json_check would not raise), found by a
  * walk that builds nothing.  True only for what converts; false, too, where it cannot

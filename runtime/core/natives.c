@@ -482,8 +482,7 @@ static int l_chat(lua_State *L)
   c->model = h->model;
   char *err = NULL;
   int rc = h->model->ops->chat(h->model, &req.base, chat_delta, chat_reply, c, &c->call, &err);
-  berth_chat_request_done(&req);
-  lua_settop(L, idx + 1);       /* the texts the adapter asked for: copied by it */
+  berth_chat_request_done(&req);  /* adapters copy what they keep */
   if (rc != 0) {
     berth_op_drop(&c->op);
     lua_pushstring(L, err ? err : "the model refused the call");
