@@ -251,7 +251,7 @@ static void same_text(const char *chunk, bool direct)
     lua_geti(L, list, i);
     char *want = tree_text();
     int top = lua_gettop(L);
-    if (!berth_json_converts(L, -1))      /* what model.chat checks a request with */
+    if (!berth_json_converts(L, -1, NULL))  /* what model.chat checks a request with */
       fail_msg("value %lld: the check says no to what converts: %.300s", (long long)i, want);
     assert_int_equal(lua_gettop(L), top);
     bool took = berth_json_encode_direct(L, -1);
@@ -366,7 +366,7 @@ static int check_agrees(const char *chunk)
   for (lua_Integer i = 1; i <= n; i++) {
     lua_geti(L, list, i);
     int top = lua_gettop(L);
-    bool says = berth_json_converts(L, -1);
+    bool says = berth_json_converts(L, -1, NULL);
     assert_int_equal(lua_gettop(L), top);
     lua_pushcfunction(L, tree_converts);
     lua_pushvalue(L, -2);

@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <lauxlib.h>
-
 static long r_count(const berth_model_request *base)
 {
   return ((const berth_chat_request *)base)->count;
@@ -114,13 +112,11 @@ static int encode_part(lua_State *L)
   return 1;
 }
 
-static int r_text(const berth_model_request *base, const char *part, const char **text,
-                  size_t *len)
+static int r_text(const berth_model_request *base, int k, const char **text, size_t *len)
 {
   berth_chat_request *r = (berth_chat_request *)base;   /* keeps each text it writes */
   lua_State *L = r->L;
-  int k = strcmp(part, "messages") == 0 ? 0 : 1;
-  int slot = k == 0 ? r->messages : r->tools;
+  int slot = k == BERTH_PART_MESSAGES ? r->messages : r->tools;
   if (!slot)
     return 0;
   if (!r->text[k]) {
@@ -143,27 +139,6 @@ static int r_text(const berth_model_request *base, const char *part, const char 
 
 static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text, NULL};
 
-/* -1 unless the value at idx converts to an array: the marker, or keys 1..n. */
-static long array_length(lua_State *L, int idx)
-{
-  if (lua_getmetatable(L, idx)) {
-    luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
-    int marked = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-    if (marked)
-      return (long)lua_rawlen(L, idx);
-  }
-  lua_pushnil(L);
-  if (!lua_next(L, idx))
-    return -1;                  /* {}: an object */
-  int first = lua_type(L, -2);
-  lua_pop(L, 2);
-  /* It converts (checked before), so a first key that is not a string makes an array
-   * of keys 1..n, whose border is n — unless an object marker made it an object
-   * (then every key is a string). */
-  return first == LUA_TSTRING ? -1 : (long)lua_rawlen(L, idx);
-}
-
 void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools)
 {
   memset(r, 0, sizeof *r);
@@ -171,7 +146,9 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
   r->L = L;
   r->messages = lua_absindex(L, messages);
   r->tools = tools ? lua_absindex(L, tools) : 0;
-  if (!berth_json_converts(L, r->messages) || (r->tools && !berth_json_converts(L, r->tools))) {
+  lua_Integer count;            /* what the check found messages to be: an array's length */
+  if (!berth_json_converts(L, r->messages, &count) ||
+      (r->tools && !berth_json_converts(L, r->tools, NULL))) {
     /* The error names its path from the request, as it always has. */
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, r->messages);
@@ -183,7 +160,7 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
     berth_json_check_converts(L, -1);
     lua_pop(L, 1);
   }
-  r->count = lua_istable(L, r->messages) ? array_length(L, r->messages) : -1;
+  r->count = (long)count;
 }
 
 void berth_chat_request_done(berth_chat_request *r)
@@ -192,7 +169,7 @@ void berth_chat_request_done(berth_chat_request *r)
     json_decref(r->values[i]);
   free(r->values);
   r->values = NULL;
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < BERTH_PARTS; k++) {
     free(r->text[k]);
     r->text[k] = NULL;
   }

@@ -19,8 +19,8 @@ typedef struct berth_chat_request {
   lua_State *L;
   int messages, tools;          /* stack slots of l_chat's frame; tools 0: none */
   long count;
-  char *text[2];                /* the texts written (messages, tools), owned */
-  size_t text_len[2];
+  char *text[BERTH_PARTS];      /* the texts written, owned */
+  size_t text_len[BERTH_PARTS];
   json_t **values;              /* what berth_request_value converted, owned */
   size_t n_values, cap_values;
 } berth_chat_request;

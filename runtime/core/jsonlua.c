@@ -672,20 +672,30 @@ static plm_json_out *text_buffer(lua_State *L)
   return o;
 }
 
+/* The two marker metatables, for the walks that compare pointers (NULL: not made yet
+ * in this state); *ordered when a script gave json.object an __jsonorder. */
+static void get_markers(lua_State *L, const void **array_mt, const void **object_mt,
+                        bool *ordered)
+{
+  int top = lua_gettop(L);
+  luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
+  *array_mt = lua_topointer(L, -1);
+  luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
+  *object_mt = lua_topointer(L, -1);
+  *ordered = *object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL;
+  lua_settop(L, top);
+}
+
 /* Writes the value at idx (absolute) into o, from len 0; false where the walk gave up
  * or memory ran out (o->failed). */
 static bool write_direct(lua_State *L, int idx, plm_json_out *o)
 {
   twalk w;
   w.o = o;
-  int top = lua_gettop(L);
-  luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
-  w.array_mt = lua_topointer(L, -1);
-  luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
-  w.object_mt = lua_topointer(L, -1);
-  if (w.object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL)
-    w.object_mt = NULL;          /* a script gave json.object an order: the tree path's */
-  lua_settop(L, top);
+  bool ordered;
+  get_markers(L, &w.array_mt, &w.object_mt, &ordered);
+  if (ordered)
+    w.object_mt = NULL;          /* json.object's order is the tree path's to follow */
   o->len = 0;
   o->failed = false;
   return text_value(L, &w, idx, 0) && !o->failed;
@@ -736,11 +746,12 @@ char *berth_json_encode_alloc(lua_State *L, int idx, size_t *len)
  * stay in one place.  Raw accesses only, as the text walk. */
 typedef struct cwalk {
   const void *array_mt, *object_mt;
+  lua_Integer length;           /* the root's, when it is an array; else -1 */
 } cwalk;
 
-static bool check_value(lua_State *L, const cwalk *w, int idx, int depth);
+static bool check_value(lua_State *L, cwalk *w, int idx, int depth);
 
-static bool check_table(lua_State *L, const cwalk *w, int idx, int depth)
+static bool check_table(lua_State *L, cwalk *w, int idx, int depth)
 {
   if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 4))
     return false;               /* too deep, or a cycle: the tree path names it */
@@ -750,7 +761,7 @@ static bool check_table(lua_State *L, const cwalk *w, int idx, int depth)
     lua_pop(L, 1);
   }
   lua_Integer n = 0;
-  if (mt != w->array_mt || !mt) {
+  if (!mt || mt != w->array_mt) {
     lua_pushnil(L);
     if (!lua_next(L, idx))
       return true;              /* {} */
@@ -772,6 +783,8 @@ static bool check_table(lua_State *L, const cwalk *w, int idx, int depth)
       return false;
   } else
     n = (lua_Integer)lua_rawlen(L, idx);
+  if (depth == 0)
+    w->length = n;
   for (lua_Integer i = 1; i <= n; i++) {
     lua_rawgeti(L, idx, i);
     bool ok = check_value(L, w, lua_gettop(L), depth + 1);
@@ -782,7 +795,7 @@ static bool check_table(lua_State *L, const cwalk *w, int idx, int depth)
   return true;
 }
 
-static bool check_value(lua_State *L, const cwalk *w, int idx, int depth)
+static bool check_value(lua_State *L, cwalk *w, int idx, int depth)
 {
   switch (lua_type(L, idx)) {
     case LUA_TNIL:
@@ -802,24 +815,22 @@ static bool check_value(lua_State *L, const cwalk *w, int idx, int depth)
   }
 }
 
-bool berth_json_converts(lua_State *L, int idx)
+bool berth_json_converts(lua_State *L, int idx, lua_Integer *length)
 {
   idx = lua_absindex(L, idx);
   cwalk w;
-  int top = lua_gettop(L);
-  if (!lua_checkstack(L, 2))
-    return false;
-  lua_getfield(L, LUA_REGISTRYINDEX, BERTH_JSON_ARRAY_MT);
-  w.array_mt = lua_topointer(L, -1);
-  lua_getfield(L, LUA_REGISTRYINDEX, BERTH_JSON_OBJECT_MT);
-  w.object_mt = lua_topointer(L, -1);
-  lua_settop(L, top);
-  return check_value(L, &w, idx, 0);
+  bool ordered;                 /* no matter here: order is not checked */
+  get_markers(L, &w.array_mt, &w.object_mt, &ordered);
+  w.length = -1;
+  bool ok = check_value(L, &w, idx, 0);
+  if (length)
+    *length = ok ? w.length : -1;
+  return ok;
 }
 
 void berth_json_check_converts(lua_State *L, int idx)
 {
-  if (!berth_json_converts(L, idx))
+  if (!berth_json_converts(L, idx, NULL))
     json_decref(berth_json_check(L, idx));  /* raises where the walk said no */
 }
 

@@ -66,8 +66,10 @@ char *berth_json_encode_alloc(lua_State *L, int idx, size_t *len);
 
 /* Whether the value at `idx` converts (berth_json_check would not raise), found by a
  * walk that builds nothing.  True only for what converts; false, too, where it cannot
- * tell (nesting near the limit).  Raises only when memory runs out. */
-bool berth_json_converts(lua_State *L, int idx);
+ * tell (nesting near the limit).  *length (when not NULL) is the number of elements
+ * when the value converts to an array, else -1 ({} converts to an object).  Raises
+ * only when memory runs out. */
+bool berth_json_converts(lua_State *L, int idx, lua_Integer *length);
 /* Raises berth_json_check's error (the path and what is wrong there) unless the value
  * at `idx` converts; builds a tree only for a value the walk says no to. */
 void berth_json_check_converts(lua_State *L, int idx);

@@ -4,7 +4,6 @@
  */
 #include "request.h"
 #include "json_text.h"            /* lib/: the one compact JSON writer */
-#include "xalloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +33,13 @@ const json_t *berth_request_value(const berth_model_request *r, size_t i, const 
 int berth_request_text(const berth_model_request *r, const char *part, const char **text,
                        size_t *len)
 {
+  static const char *const names[BERTH_PARTS] = {"messages", "tools"};
   *text = NULL;
   *len = 0;
-  if (!part || (strcmp(part, "messages") != 0 && strcmp(part, "tools") != 0))
-    return 0;
-  return r->ops->text(r, part, text, len);
+  for (int k = 0; part && k < BERTH_PARTS; k++)
+    if (strcmp(part, names[k]) == 0)
+      return r->ops->text(r, k, text, len);
+  return 0;
 }
 
 void berth_request_free(berth_model_request *r)
@@ -52,8 +53,8 @@ void berth_request_free(berth_model_request *r)
 typedef struct json_request {
   berth_model_request base;
   const json_t *request;
-  char *text[2];                /* messages, tools: written when first asked for */
-  size_t len[2];
+  char *text[BERTH_PARTS];      /* written when first asked for */
+  size_t len[BERTH_PARTS];
 } json_request;
 
 static long j_count(const berth_model_request *r)
@@ -83,13 +84,12 @@ static const json_t *j_value(const berth_model_request *r, size_t i, const char 
   return json_object_get(message(r, i), name);
 }
 
-static int j_text(const berth_model_request *r, const char *part, const char **text,
-                  size_t *len)
+static int j_text(const berth_model_request *r, int k, const char **text, size_t *len)
 {
   json_request *j = (json_request *)r;   /* the text is kept once written */
-  int k = strcmp(part, "messages") == 0 ? 0 : 1;
   if (!j->text[k]) {
-    const json_t *v = json_object_get(j->request, part);
+    const json_t *v = json_object_get(j->request, k == BERTH_PART_MESSAGES ? "messages"
+                                                                           : "tools");
     if (!v || json_is_null(v))
       return 0;
     if (!(j->text[k] = plm_json_write(v, &j->len[k])))
@@ -103,8 +103,8 @@ static int j_text(const berth_model_request *r, const char *part, const char **t
 static void j_free(berth_model_request *r)
 {
   json_request *j = (json_request *)r;
-  free(j->text[0]);
-  free(j->text[1]);
+  for (int k = 0; k < BERTH_PARTS; k++)
+    free(j->text[k]);
   free(j);
 }
 

@@ -9,15 +9,17 @@
 
 #include "model.h"
 
+/* The parts a text is asked of, by the name berth_request_text was given. */
+enum { BERTH_PART_MESSAGES, BERTH_PART_TOOLS, BERTH_PARTS };
+
 typedef struct berth_request_ops {
   long (*count)(const berth_model_request *r);
   /* i < count, name not NULL */
   const char *(*string)(const berth_model_request *r, size_t i, const char *name,
                         size_t *len);
   const json_t *(*value)(const berth_model_request *r, size_t i, const char *name);
-  /* part: "messages" or "tools" */
-  int (*text)(const berth_model_request *r, const char *part, const char **text,
-              size_t *len);
+  /* part: BERTH_PART_MESSAGES or BERTH_PART_TOOLS, an index into each maker's own */
+  int (*text)(const berth_model_request *r, int part, const char **text, size_t *len);
   void (*free)(berth_model_request *r);   /* NULL: not freed by berth_request_free */
 } berth_request_ops;
 
