@@ -26,6 +26,7 @@
 #include <time.h>
 
 #define X509_DEPTH_ZERO_SELF_SIGNED 18  /* X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT */
+#define RECV_BUFFER (64L * 1024)        /* CURLOPT_BUFFERSIZE: see plm_http_post */
 
 typedef struct xfer xfer;
 
@@ -429,6 +430,12 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
      * the tunnel keeps TLS end to end.) */
     if (fresh && h->loopback)
         curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
+    /* Receive in 64 KiB reads, not libcurl's 16 KiB: a 32 KiB cell's answer then comes
+     * in one recv, and libcurl 7.88 polls the socket after each read (3 recv and 4 poll
+     * a call before, 1 and 2 after; client CPU 119 -> 111 us, bench/client).  Spares
+     * keep their buffer: at most 9 x 64 KiB a client. */
+    if (fresh)
+        curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER);
     if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK)
         goto fail;
     free(url);

@@ -774,7 +774,9 @@ static void short_deadline(berth_options *o)
 }
 
 /* A model that reads its request through model.h's readers and refuses the call with
- * what it read, as JSON: {count, roles, lens, values, messages, tools, past_end}. */
+ * what it read, as JSON: {count, roles, lens, kinds, values, messages, tools, past_end}.
+ * ("kind" is a name the readers find by walking a message's keys, "role" and "content"
+ * by a lookup: chat_request.c.) */
 static int reader_calls;
 
 static json_t *text_or_null(const char *s, size_t len)
@@ -788,13 +790,16 @@ static int reader_chat(berth_model *m, const berth_model_request *r, berth_delta
   (void)m, (void)delta, (void)done, (void)ud, (void)call;
   reader_calls++;
   long n = berth_request_count(r);
-  json_t *roles = json_array(), *lens = json_array(), *values = json_array();
+  json_t *roles = json_array(), *lens = json_array(), *kinds = json_array();
+  json_t *values = json_array();
   for (long i = 0; i < n; i++) {
     size_t len = 0;
     const char *role = berth_request_string(r, (size_t)i, "role", &len);
     json_array_append_new(roles, text_or_null(role, len));
     const char *content = berth_request_string(r, (size_t)i, "content", &len);
     json_array_append_new(lens, content ? json_integer((json_int_t)len) : json_null());
+    const char *kind = berth_request_string(r, (size_t)i, "kind", &len);
+    json_array_append_new(kinds, text_or_null(kind, len));
     const json_t *v = berth_request_value(r, (size_t)i, "content");
     json_array_append_new(values, v ? json_deep_copy(v) : json_string("absent"));
   }
@@ -810,8 +815,9 @@ static int reader_chat(berth_model *m, const berth_model_request *r, berth_delta
   bool past_end = !berth_request_string(r, (size_t)(n < 0 ? 0 : n), "role", NULL) &&
                   !berth_request_value(r, (size_t)(n < 0 ? 0 : n), "role");
   bool big = mlen > 65536;      /* the report goes back into a capped state */
-  json_t *report = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:b, s:I}", "count", (json_int_t)n,
-                             "roles", roles, "lens", lens,
+  json_t *report = json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:b, s:I}",
+                             "count", (json_int_t)n, "roles", roles, "lens", lens,
+                             "kinds", kinds,
                              "values", big ? json_null() : json_incref(values),
                              "messages", big ? json_null() : text_or_null(msgs, mlen),
                              "tools", text_or_null(tools, tlen), "past_end", past_end,
@@ -855,13 +861,14 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   (void)state;
   ht *t = start_eval(with_reader);
   json_t *r = read_request(t,
-    "{ {role = 'system', content = 's'}, {role = 'user', content = {parts = {1, 2}}},\n"
+    "{ {role = 'system', content = 's', kind = 'k'}, {role = 'user', content = {parts = {1, 2}}},\n"
     "  'not a table', setmetatable({role = 'tool'}, {__index = function() error('ran') end}),\n"
-    "  json.array{}, {role = 'user\\0x', content = 'a\\255b'}, {role = 7} }",
+    "  json.array{}, {role = 'user\\0x', content = 'a\\255b'}, {role = 7, kind = 5} }",
     "json.array{{type = 'function', ['function'] = {name = 'f'}}}");
   json_t *want = json_loads(
     "{\"count\": 7, \"roles\": [\"system\", \"user\", null, \"tool\", null, \"user\\u0000x\", null],"
     " \"lens\": [1, null, null, null, null, 3, null],"
+    " \"kinds\": [\"k\", null, null, null, null, null, null],"
     " \"values\": [\"s\", {\"parts\": [1, 2]}, \"absent\", \"absent\", \"absent\","
     "             \"a\\ufffdb\", \"absent\"],"
     " \"tools\": \"[{\\\"function\\\":{\\\"name\\\":\\\"f\\\"},\\\"type\\\":\\\"function\\\"}]\","
@@ -878,9 +885,9 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   json_decref(r);
   /* the messages' text is json.encode's (its ill-formed UTF-8 mended) */
   assert_string_equal(json_string_value(msgs),
-    "[{\"content\":\"s\",\"role\":\"system\"},{\"content\":{\"parts\":[1,2]},\"role\":\"user\"},"
+    "[{\"content\":\"s\",\"kind\":\"k\",\"role\":\"system\"},{\"content\":{\"parts\":[1,2]},\"role\":\"user\"},"
     "\"not a table\",{\"role\":\"tool\"},[],{\"content\":\"a\xef\xbf\xbd" "b\",\"role\":\"user\\u0000x\"},"
-    "{\"role\":7}]");
+    "{\"kind\":5,\"role\":7}]");
   json_decref(msgs);
   /* {} is an object, not a list of messages; json.array{} is an empty one; no tools */
   r = read_request(t, "{}", "nil");

@@ -18,6 +18,7 @@ typedef struct berth_chat_request {
   berth_model_request base;
   lua_State *L;
   int messages, tools;          /* stack slots of l_chat's frame; tools 0: none */
+  int names;                    /* the first of the field names init pushed */
   long count;
   char *text[BERTH_PARTS];      /* the texts written, owned */
   size_t text_len[BERTH_PARTS];
@@ -28,7 +29,8 @@ typedef struct berth_chat_request {
 /* Fills r for the messages and tools at those slots (tools 0: none) of the running C
  * function's frame, where they must stay until berth_chat_request_done.  Raises
  * jsonlua's error, naming the path from the request ($.messages[2].content), when a
- * part has no JSON form.  The readers leave L's stack as they found it. */
+ * part has no JSON form.  Pushes the field names the readers look up (4 values), which
+ * must stay too.  The readers leave L's stack as they found it. */
 void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools);
 /* Frees what the readers converted.  Never raises. */
 void berth_chat_request_done(berth_chat_request *r);
