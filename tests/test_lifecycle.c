@@ -626,6 +626,12 @@ static const char natives_lua[] =
   "assert(tool.type == 'function' and fn.name == 'executeCode')\n"
   "assert(fn.parameters.properties.code and json.isArray(fn.parameters.required))\n"
   "assert(fn.description:find('Python'))\n"
+  /* each call a new table: what a hook did to one is not in the next */
+  "fn.name = 'changed' fn.parameters.properties.code = nil tool.extra = true\n"
+  "local again = assert(sandbox.tool())\n"
+  "assert(again ~= tool and again['function'].name == 'executeCode' and not again.extra)\n"
+  "assert(again['function'].parameters.properties.code)\n"
+  "assert(json.encode(again) == json.encode(assert(sandbox.tool())))\n"
   "assert(sandbox.dispose('run-x'))\n"
   /* T14: the key is {owner = userId, conversation = runId}: alice's chat-1 keeps its
    * sandbox, bob's chat-1 is another, and disposing alice's leaves bob's */

@@ -967,6 +967,7 @@ void berth_host_free(berth_host *h)
   /* Library completions for orphaned ops run here (PLM_CANCELED), while the state
    * they write to still exists. */
   plm_sandboxes_free(h->sandboxes);
+  json_decref(h->tool);
   plm_client_free(h->client);
   if (h->L)
     lua_close(h->L);

@@ -189,6 +189,7 @@ struct berth_host {
   int loaded_base_ref;           /* package.loaded as it was before any script */
   plm_client *client;
   plm_sandboxes *sandboxes;
+  json_t *tool;                  /* sandbox.tool()'s value, made at its first call */
   char *env_error;               /* why there are no sandboxes, when there are none */
   berth_model *model;
   plm_idmap owners;              /* berth_owner by run id (lib/idmap.h) */
