@@ -751,6 +751,9 @@ typedef struct cwalk {
 
 static bool check_value(lua_State *L, cwalk *w, int idx, int depth);
 
+/* One traversal a table: the keys are classified (as classify does) while the values
+ * are checked, where a first pass over the keys and a second over the values cost a
+ * history's walk half again as much. */
 static bool check_table(lua_State *L, cwalk *w, int idx, int depth)
 {
   if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 4))
@@ -760,39 +763,50 @@ static bool check_table(lua_State *L, cwalk *w, int idx, int depth)
     mt = lua_topointer(L, -1);
     lua_pop(L, 1);
   }
-  lua_Integer n = 0;
-  if (!mt || mt != w->array_mt) {
-    lua_pushnil(L);
-    if (!lua_next(L, idx))
-      return true;              /* {} */
-    int first = lua_type(L, -2);
-    lua_pop(L, 2);
-    if (first == LUA_TSTRING || (mt && mt == w->object_mt)) {
-      int base = lua_gettop(L);
-      lua_pushnil(L);
-      while (lua_next(L, idx)) {
-        if (lua_type(L, -2) != LUA_TSTRING || !check_value(L, w, lua_gettop(L), depth + 1)) {
-          lua_settop(L, base);
-          return false;
-        }
-        lua_pop(L, 1);
-      }
-      return true;
+  if (mt && mt == w->array_mt) {
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    if (depth == 0)
+      w->length = n;
+    for (lua_Integer i = 1; i <= n; i++) {
+      lua_rawgeti(L, idx, i);
+      bool ok = check_value(L, w, lua_gettop(L), depth + 1);
+      lua_pop(L, 1);
+      if (!ok)
+        return false;
     }
-    if (classify(L, idx, &n) != 1)
-      return false;
-  } else
-    n = (lua_Integer)lua_rawlen(L, idx);
-  if (depth == 0)
-    w->length = n;
-  for (lua_Integer i = 1; i <= n; i++) {
-    lua_rawgeti(L, idx, i);
-    bool ok = check_value(L, w, lua_gettop(L), depth + 1);
-    lua_pop(L, 1);
-    if (!ok)
-      return false;
+    return true;
   }
+  int base = lua_gettop(L);
+  lua_pushnil(L);
+  if (!lua_next(L, idx))
+    return true;                /* {} */
+  /* an object when its first key is a string or it is marked one; else an array,
+   * whose keys must be exactly 1..n */
+  bool object = lua_type(L, -2) == LUA_TSTRING || (mt && mt == w->object_mt);
+  lua_Integer count = 0, max = 0;
+  do {
+    if (object ? lua_type(L, -2) != LUA_TSTRING
+               : !lua_isinteger(L, -2) || lua_tointeger(L, -2) < 1)
+      goto refused;             /* mixed keys, or keys no JSON value has */
+    if (!object) {
+      count++;
+      if (lua_tointeger(L, -2) > max)
+        max = lua_tointeger(L, -2);
+    }
+    if (!check_value(L, w, lua_gettop(L), depth + 1))
+      goto refused;
+    lua_pop(L, 1);
+  } while (lua_next(L, idx));
+  if (object)
+    return true;
+  if (count != max)
+    return false;               /* sparse */
+  if (depth == 0)
+    w->length = max;
   return true;
+refused:
+  lua_settop(L, base);
+  return false;
 }
 
 static bool check_value(lua_State *L, cwalk *w, int idx, int depth)
