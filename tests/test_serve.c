@@ -241,7 +241,10 @@ static void test_user_and_queueing_in_one_conversation(void **state)
   assert_int_equal(json_integer_value(json_object_get(ev_data(eb, 4), "turn")), 2);
   const json_t *rb = json_object_get(ev_data(eb, 1), "result");
   assert_string_equal(json_string_value(json_object_get(rb, "stdout")), "python 2: y = 2");
-  assert_true(b.ended >= a.ended);
+  /* and the second waited: its stream began before the first's request was sent,
+   * and ended after that turn's 300 ms sleep.  (Not b.ended >= a.ended: both end in
+   * one read of the client's, which may take b's end first.) */
+  assert_true(b.ended - b.started >= 0.3);
   json_decref(ea);
   json_decref(eb);
   st_stream_free(&a, m);
