@@ -20,7 +20,8 @@ static void set_bytes(json_t *o, const char *name, const sbx_buf *b)
     if (!b->len)
         return;
     char *text = sbx_base64(b->data, b->len, true);
-    json_object_set_new(o, name, json_string(text));
+    /* base64 is ASCII: jansson's UTF-8 check of it was 6 % of an echo call (callgrind) */
+    json_object_set_new(o, name, json_stringn_nocheck(text, strlen(text)));
     free(text);
 }
 
