@@ -249,8 +249,9 @@ static int encode_ctx(lua_State *L)
   bool rewrite = !lua_istable(L, msgs) || lua_topointer(L, msgs) != c->stored_tbl ||
                  n < (lua_Integer)c->stored_msgs;
   lua_pushboolean(L, rewrite);
-  lua_createtable(L, (int)(n > 0 ? n : 0), 0);
-  for (lua_Integer i = rewrite ? 1 : (lua_Integer)c->stored_msgs + 1, k = 1; i <= n; i++) {
+  lua_Integer from = rewrite ? 1 : (lua_Integer)c->stored_msgs + 1;
+  lua_createtable(L, n >= from ? (int)(n - from + 1) : 0, 0);  /* the new ones only */
+  for (lua_Integer i = from, k = 1; i <= n; i++) {
     lua_geti(L, msgs, i);
     berth_json_encode(L, -1, 0);
     lua_rawseti(L, -3, k++);
