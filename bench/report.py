@@ -12,8 +12,8 @@ curve.  This script then merges the fragments into bench/results.json:
                   "turns_per_second" | "idle_memory" | "serve_load":
                       {"runs": [FRAGMENT, ...], "curve": TABLE},
                   "turns_held": {"runs": [FRAGMENT, ...], "curves": {ENGINE: TABLE}}},
-                  (a turns_held run is the median of its point's rounds by turns/s, with
-                  every round's turns/s in rounds_rate_wall)
+                  (a turns_per_second or turns_held run is the median of its point's
+                  rounds by turns/s, with every round's turns/s in rounds_rate_wall)
    "failed": [{"bench", "args", "exit"}], "plots": [paths]}
 
 where a TABLE is {"x": {name, unit}, "columns": [{name, unit}], "rows": [[x, ...]]}, and
@@ -51,16 +51,17 @@ SERVE_POINTS = [10, 30, 100, 300, 1000, 2000]
 HELD_POINTS = [0, 1000, 10000, 100000]
 HELD_ENGINES = ["memory", "sqlite"]
 HELD_ROUNDS = 3  # each point is the run of median turns/s (this machine varies 20-40 %)
+TPS_ROUNDS = 3   # the same for turns_per_second's points: a run at 1 000 lasts 0.2 s
 QUICK = False
 
 
 def plan():
-    global HELD_ROUNDS
+    global HELD_ROUNDS, TPS_ROUNDS
     if QUICK:
         TPS_POINTS[:] = IDLE_POINTS[:] = [100, 1000]
         SERVE_POINTS[:] = [10, 100]
         HELD_POINTS[:] = [0, 1000]
-        HELD_ROUNDS = 1
+        HELD_ROUNDS = TPS_ROUNDS = 1
     runs = [("client", "client", []), ("cells", "cells", [])]
     # the stores: PostgreSQL in a private cluster the benchmark starts (when installed)
     engines = "memory,sqlite" + (",postgresql" if glob.glob("/usr/lib/postgresql/*/bin/initdb")
@@ -68,8 +69,9 @@ def plan():
     runs += [("store_turns", "store_turns",
               ["--engines", engines, "--conversations", "1000" if QUICK else "1000,10000",
                "--rounds", "1" if QUICK else "3"])]
-    runs += [("turns_per_second", "turns_per_second-%d" % n, ["--conversations", str(n)])
-             for n in TPS_POINTS]
+    runs += [("turns_per_second", "turns_per_second-%d-r%d" % (n, k),
+              ["--conversations", str(n)])
+             for k in range(TPS_ROUNDS) for n in TPS_POINTS]
     runs += [("turns_per_second", "turns_held_%s-%d-r%d" % (engine, n, k),
               ["--conversations", "1000", "--held", str(n), "--store", engine,
                "--time-limit", "240"])
@@ -162,6 +164,18 @@ def pct(p):
     return lambda r: r["turn_latency"]["percentiles"][p]
 
 
+def median_round(frags, tag, rounds):
+    """The fragment of the round with the median turns/s among tag-r0 ... (None if
+    none ran), with every round's turns/s in rounds_rate_wall."""
+    got = sorted((f for f in (load(frags, "%s-r%d" % (tag, k)) for k in range(rounds)) if f),
+                 key=lambda r: val(r["rate_wall"]))
+    if not got:
+        return None
+    median = dict(got[(len(got) - 1) // 2])
+    median["rounds_rate_wall"] = [val(r["rate_wall"]) for r in got]
+    return median
+
+
 def merge(frags):
     out = {}
     for name in ("client", "cells", "store_turns"):
@@ -190,20 +204,17 @@ def merge(frags):
             ("misclassified", "turns", lambda r: val(r["misclassified"]))]),
     }
     for name, (points, columns) in scale.items():
-        runs = [f for f in (load(frags, "%s-%d" % (name, n)) for n in points) if f]
+        if name == "turns_per_second":
+            runs = [r for r in (median_round(frags, "%s-%d" % (name, n), TPS_ROUNDS)
+                                for n in points) if r]
+        else:
+            runs = [f for f in (load(frags, "%s-%d" % (name, n)) for n in points) if f]
         if runs:
             out[name] = {"runs": runs, "curve": curve(runs, columns)}
     held = {"runs": [], "curves": {}}
     for engine in HELD_ENGINES:
-        runs = []
-        for n in HELD_POINTS:
-            rounds = sorted((f for f in (load(frags, "turns_held_%s-%d-r%d" % (engine, n, k))
-                                         for k in range(HELD_ROUNDS)) if f),
-                            key=lambda r: val(r["rate_wall"]))
-            if rounds:
-                median = dict(rounds[(len(rounds) - 1) // 2])
-                median["rounds_rate_wall"] = [val(r["rate_wall"]) for r in rounds]
-                runs.append(median)
+        runs = [r for r in (median_round(frags, "turns_held_%s-%d" % (engine, n), HELD_ROUNDS)
+                            for n in HELD_POINTS) if r]
         if runs:
             held["runs"] += runs
             held["curves"][engine] = curve(runs, [
