@@ -742,6 +742,18 @@ static void test_fence_refuses_writes_of_a_lease_another_host_took(void **state)
   no_error(berth_store_load_messages(other, "F1", &msgs, &n));
   assert_int_equal(n, 1);
   berth_store_texts_free(msgs, n);
+  /* A's replacing its messages is refused too, and B's message stays; the events of a
+   * conversation not stored yet are written under any fence */
+  const char *m3 = "{\"role\":\"user\",\"by\":\"a\"}";
+  berth_store_put_messages(f->s, "F1", 0, &m3, 1, true);
+  berth_store_put_event(f->s, "F3", 1, 1, "user", "{}");
+  no_error(berth_store_flush(f->s));
+  assert_int_equal(fa.calls, 4);
+  no_error(berth_store_load_messages(other, "F1", &msgs, &n));
+  assert_int_equal(n, 1);
+  assert_string_equal(msgs[0], "{\"role\":\"user\"}");
+  berth_store_texts_free(msgs, n);
+  assert_int_equal(events_of(other, "F3"), 1);
   berth_store_conv got;
   bool found;
   no_error(berth_store_get_conv(other, "F1", &got, &found));
