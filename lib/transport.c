@@ -424,18 +424,19 @@ int plm_http_post(plm_http *h, const char *method, char *body, size_t len, plm_c
     curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 5L);
     if (h->ca_file)
         curl_easy_setopt(e, CURLOPT_CAINFO, h->ca_file);
-    /* A daemon on loopback is reached directly, whatever http_proxy or all_proxy say:
-     * a proxy cannot reach this machine's loopback, and the bearer would cross the
-     * network in cleartext to get there.  (A remote https daemon may go through one:
-     * the tunnel keeps TLS end to end.) */
-    if (fresh && h->loopback)
-        curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
-    /* Receive in 64 KiB reads, not libcurl's 16 KiB: a 32 KiB cell's answer then comes
-     * in one recv, and libcurl 7.88 polls the socket after each read (3 recv and 4 poll
-     * a call before, 1 and 2 after; client CPU 119 -> 111 us, bench/client).  Spares
-     * keep their buffer: at most 9 x 64 KiB a client. */
-    if (fresh)
+    if (fresh) {
+        /* A daemon on loopback is reached directly, whatever http_proxy or all_proxy
+         * say: a proxy cannot reach this machine's loopback, and the bearer would cross
+         * the network in cleartext to get there.  (A remote https daemon may go through
+         * one: the tunnel keeps TLS end to end.) */
+        if (h->loopback)
+            curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
+        /* Receive in 64 KiB reads, not libcurl's 16 KiB: a 32 KiB cell's answer then
+         * comes in one recv, and libcurl 7.88 polls the socket after each read (3 recv
+         * and 4 poll a call before, 1 and 2 after; client CPU 119 -> 111 us,
+         * bench/client).  Spares keep their buffer: at most 9 x 64 KiB a client. */
         curl_easy_setopt(e, CURLOPT_BUFFERSIZE, RECV_BUFFER);
+    }
     if (curl_multi_add_handle(h->ev.multi, e) != CURLM_OK)
         goto fail;
     free(url);

@@ -36,10 +36,11 @@ static bool push_message(const berth_chat_request *r, size_t i)
  * where another name walks the message's keys.  The scripted model reads the role of
  * every message at every call: the walk was 10 % of a scripted turn. */
 static const char *const known_names[] = {"role", "content", "tool_call_id", "name"};
+#define N_KNOWN_NAMES ((int)(sizeof known_names / sizeof *known_names))
 
 static int known_name(const char *name)
 {
-  for (int k = 0; k < (int)(sizeof known_names / sizeof *known_names); k++)
+  for (int k = 0; k < N_KNOWN_NAMES; k++)
     if (strcmp(name, known_names[k]) == 0)
       return k;
   return -1;
@@ -52,15 +53,19 @@ static const char *r_string(const berth_model_request *base, size_t i, const cha
   lua_State *L = r->L;
   if (!push_message(r, i))
     return NULL;
+  if (lua_type(L, -1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return NULL;
+  }
   const char *s = NULL;
-  int k = lua_type(L, -1) == LUA_TTABLE ? known_name(name) : -1;
+  int k = known_name(name);
   if (k >= 0) {
     lua_pushvalue(L, r->names + k);
     if (lua_rawget(L, -2) == LUA_TSTRING)
       s = lua_tolstring(L, -1, len);  /* anchored by the message, which the messages
                                          on the stack anchor */
     lua_pop(L, 1);
-  } else if (lua_type(L, -1) == LUA_TTABLE) {
+  } else {
     size_t nlen = strlen(name);
     lua_pushnil(L);
     while (lua_next(L, -2)) {
@@ -184,8 +189,8 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
   }
   r->count = (long)count;
   r->names = lua_gettop(L) + 1;
-  luaL_checkstack(L, (int)(sizeof known_names / sizeof *known_names), "model.chat");
-  for (size_t k = 0; k < sizeof known_names / sizeof *known_names; k++)
+  luaL_checkstack(L, N_KNOWN_NAMES, "model.chat");
+  for (int k = 0; k < N_KNOWN_NAMES; k++)
     lua_pushstring(L, known_names[k]);
 }
 

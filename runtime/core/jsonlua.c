@@ -673,7 +673,8 @@ static plm_json_out *text_buffer(lua_State *L)
 }
 
 /* The two marker metatables, for the walks that compare pointers (NULL: not made yet
- * in this state); *ordered when a script gave json.object an __jsonorder. */
+ * in this state); *ordered (when asked) whether a script gave json.object an
+ * __jsonorder. */
 static void get_markers(lua_State *L, const void **array_mt, const void **object_mt,
                         bool *ordered)
 {
@@ -682,7 +683,8 @@ static void get_markers(lua_State *L, const void **array_mt, const void **object
   *array_mt = lua_topointer(L, -1);
   luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
   *object_mt = lua_topointer(L, -1);
-  *ordered = *object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL;
+  if (ordered)
+    *ordered = *object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL;
   lua_settop(L, top);
 }
 
@@ -833,8 +835,7 @@ bool berth_json_converts(lua_State *L, int idx, lua_Integer *length)
 {
   idx = lua_absindex(L, idx);
   cwalk w;
-  bool ordered;                 /* no matter here: order is not checked */
-  get_markers(L, &w.array_mt, &w.object_mt, &ordered);
+  get_markers(L, &w.array_mt, &w.object_mt, NULL);   /* order is not checked */
   w.length = -1;
   bool ok = check_value(L, &w, idx, 0);
   if (length)

@@ -322,11 +322,10 @@ static int l_dispose(lua_State *L)
   return berth_op_wait(L, &d->op, idx, dispose_k);
 }
 
-/* The executeCode tool as a model sees it, in the chat-completions shape. */
-/* The tool depends only on the sandboxes' options (languages, mode), fixed when the
- * host opens: it is made once, and each call converts it into a new table (a hook may
- * change its own).  Making it was 120 000 instructions a call, a tenth of a served
- * turn. */
+/* The executeCode tool as a model sees it, in the chat-completions shape.  It depends
+ * only on the sandboxes' options (languages, mode), fixed when the host opens: it is
+ * made once, and each call converts it into a new table (a hook may change its own).
+ * Making it was 120 000 instructions a call, a tenth of a served turn. */
 static int l_tool(lua_State *L)
 {
   berth_host *h = berth_host_of(L);

@@ -90,8 +90,8 @@ static const char *const migrations[BERTH_STORE_SCHEMA] = {
                      "lease_expiry_ms"
 
 enum {
-  S_PUT_CONV, S_ADD_CONV, S_FENCED, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV, S_LIST,
-  S_RUNNING, S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK,
+  S_PUT_CONV, S_ADD_CONV, S_FENCED, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV,
+  S_LIST, S_RUNNING, S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK,
   S_LEASE_TAKE, S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
 };
 
@@ -401,7 +401,9 @@ static int put_messages(lite *l, store_op *op, const char *fence)
     op->fenced = true;          /* (for them all: one transaction) */
     return rc;
   }
-  if (rc == SQLITE_OK && op->replace) {
+  if (rc != SQLITE_OK)
+    return rc;
+  if (op->replace) {
     bind_text(l->st[S_DEL_MESSAGES], 1, op->id);
     rc = run(l->st[S_DEL_MESSAGES]);
   }
