@@ -20,17 +20,18 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     httpd_mhd_run(w->data);
 }
 
-/* Before the loop blocks: wake up when MHD next needs to run (its timeouts, and at once
-  * when it holds data read but not yet processed). */
-static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
+/* The timer follows MHD's own next timeout, set after every run: whichever phase of
+ * the loop ran MHD (a kick fed from a prepare watcher runs after the loop's prepare
+ * phase), the loop then waits no longer than MHD asked.  A connection MHD still has
+ * steps for (a timeout of 0) has no event left to wake it: the request behind a
+ * keep-alive answer may already sit in MHD's buffer. */
+static void arm_timer(httpd_mhd *m)
 {
-    (void)revents;
-    httpd_mhd *m = w->data;
     MHD_UNSIGNED_LONG_LONG ms;
-    ev_timer_stop(loop, &m->timer);
+    ev_timer_stop(m->loop, &m->timer);
     if (MHD_get_timeout(m->daemon, &ms) == MHD_YES) {
         ev_timer_set(&m->timer, (double)ms / 1000.0, 0.);
-        ev_timer_start(loop, &m->timer);
+        ev_timer_start(m->loop, &m->timer);
     }
 }
 
@@ -53,9 +54,7 @@ bool httpd_mhd_attach(httpd_mhd *m, struct ev_loop *loop, struct MHD_Daemon *dae
     m->timer.data = m;
     ev_timer_init(&m->kick, on_timer, 0., 0.);
     m->kick.data = m;
-    ev_prepare_init(&m->prepare, on_prepare);
-    m->prepare.data = m;
-    ev_prepare_start(loop, &m->prepare);
+    arm_timer(m);
     return true;
 }
 
@@ -70,7 +69,8 @@ void httpd_mhd_kick(httpd_mhd *m)
 /* MHD takes a connection one step per run: after an answer is sent it asks to run
   * at once (a timeout of 0) twice more before it reads the next request.  Each of
   * those through the loop costs an iteration and two epoll_waits, so a few runs that
-  * are due now are made here, bounded so that other watchers are never starved. */
+  * are due now are made here, bounded so that other watchers are never starved; what
+  * is still due after them is the timer's (arm_timer). */
 #define MHD_RUNS_IN_A_ROW 4
 
 void httpd_mhd_run(httpd_mhd *m)
@@ -80,6 +80,7 @@ void httpd_mhd_run(httpd_mhd *m)
     do
         MHD_run(m->daemon);
     while (++runs < MHD_RUNS_IN_A_ROW && MHD_get_timeout(m->daemon, &ms) == MHD_YES && ms == 0);
+    arm_timer(m);
 }
 
 void httpd_mhd_detach(httpd_mhd *m)
@@ -89,6 +90,5 @@ void httpd_mhd_detach(httpd_mhd *m)
     ev_io_stop(m->loop, &m->io);
     ev_timer_stop(m->loop, &m->timer);
     ev_timer_stop(m->loop, &m->kick);
-    ev_prepare_stop(m->loop, &m->prepare);
     m->loop = NULL;
 }

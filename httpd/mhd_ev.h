@@ -3,9 +3,10 @@
   * and serve's metrics listener each run one this way.
   *
   * The daemon runs in external mode with its own epoll set (MHD_USE_EPOLL): an ev_io
-  * watches that set's descriptor, an ev_timer follows MHD_get_timeout (re-armed by an
-  * ev_prepare before the loop blocks) and a "kick" runs MHD after a resume or a
-  * handed-over connection, once the callback that kicked has returned — MHD_run is
+  * watches that set's descriptor, an ev_timer follows MHD_get_timeout (re-armed after
+  * every run, whichever phase of the loop made it) and a "kick" runs MHD after a
+  * resume or a handed-over connection, once the callback that kicked has returned
+  * (from any callback: a prepare watcher's too) — MHD_run is
   * never called from inside one of MHD's own callbacks ("make sure to run MHD_run()
   * afterwards", says its manual).  A run repeats MHD_run while MHD says it is due at
   * once, a few times at most: it takes a finished keep-alive connection one step per
@@ -32,7 +33,6 @@ typedef struct httpd_mhd {
     ev_io io;                     /* MHD's epoll set is readable */
     ev_timer timer;               /* MHD's own next timeout */
     ev_timer kick;                /* fed, never started: see httpd_mhd_kick */
-    ev_prepare prepare;
 } httpd_mhd;
 
 /* Starts watching `daemon` (started with MHD_USE_EPOLL and without a thread of its own).
