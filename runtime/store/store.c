@@ -152,6 +152,13 @@ static void enqueue(berth_store *s, store_op *op)
     s->head = op;
   s->tail = op;
   s->queued++;
+  /* Queued from a callback that runs after this iteration's on_prepare (another
+   * prepare watcher, or what it feeds: MHD's callbacks when a resumed stream is
+   * kicked), the op would wait for the loop's next wake-up, which may never come: the
+   * idle watcher keeps the loop from blocking until the next on_prepare flushes it.
+   * While failing, the retry timer paces the queue instead. */
+  if (!s->failing)
+    idle_start(s);
   /* The engine's eager bound (store_engine.h): not from inside a flush or an answer
    * (their callers hold the queue's or the engine's lists), nor while failing (the
    * retry timer paces the queue then).  A failure is logged and its writes kept
@@ -407,6 +414,7 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
       else
         w->dones = d;
       w->dones_tail = d;
+      idle_start(s);            /* answered by the next on_prepare, as in enqueue */
     }
     op_free(op);
   }
