@@ -24,6 +24,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Idle connections the multi handle keeps for reuse, whatever number of transfers is in
+ * flight now.  A connection is still reused only while young enough (the owner's
+ * CURLOPT_MAXAGE_CONN). */
+#define PLM_CURL_EV_MAX_CONNECTS 256
+
 typedef struct plm_curl_ev_sock plm_curl_ev_sock;
 
 typedef struct plm_curl_ev {

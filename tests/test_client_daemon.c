@@ -1428,6 +1428,36 @@ static void test_W04_trailing_slashes_stripped_against_the_daemon(void **state)
     wiretap_stop(&tap);
 }
 
+/* Connections to the daemon are kept across bursts of calls (docs/client.md §2.2):
+ * 20 calls at once open at most 20 connections, and 20 more once those ended open
+ * none.  libcurl's own bound (4 x the calls in flight) shrank as the first burst
+ * ended and closed most of them. */
+static void test_connections_are_kept_across_bursts_of_calls(void **state)
+{
+    enum { BURST = 20 };
+    assert_int_equal(wiretap_relay(&tap, wiretap_port_of(daemon_proc.url)), 0);
+    plm_client *c = client_at(tap.url, daemon_proc.token, 0);
+    int after_first = 0;
+    for (int round = 0; round < 2; round++) {
+        box b[BURST] = {{0}};
+        for (int i = 0; i < BURST; i++)
+            ok(plm_run_javascript(c, "1", NULL, box_cb, &b[i]));
+        for (int i = 0; i < BURST; i++) {
+            while (!b[i].done)
+                ev_run(plm_client_loop(c), EVRUN_ONCE);
+            ok(b[i].err);
+            assert_string_equal(b[i].r->stdout_text, "javascript 1: 1");
+            plm_result_free(b[i].r);
+        }
+        if (round == 0)
+            after_first = wiretap_connections(&tap);
+    }
+    assert_in_range(after_first, 1, BURST);
+    assert_int_equal(wiretap_connections(&tap), after_first);
+    plm_client_free(c);
+    wiretap_stop(&tap);
+}
+
 static void lacks_id(const char *what, const char *hay, const char *id)
 {
     if (hay && strstr(hay, id))
@@ -1685,6 +1715,7 @@ int main(void)
         cmocka_unit_test_setup(test_S07_unknown_cell_language_refused_session_usable, reset_proxy),
         cmocka_unit_test_setup(test_S08_session_floor_carried_on_every_call, reset_proxy),
         cmocka_unit_test_setup(test_S09_concurrent_calls_are_serialized_in_order, reset_proxy),
+        cmocka_unit_test_setup_teardown(test_connections_are_kept_across_bursts_of_calls, reset_proxy, stop_tap),
         cmocka_unit_test_setup(test_S10_session_ending_during_a_call_is_reported, reset_proxy),
         cmocka_unit_test_setup(test_S11_broken_chain_is_data_loss_and_stops_the_session, reset_proxy),
         cmocka_unit_test_setup(test_S13_E23_call_on_ended_session_refused_with_reason, reset_proxy),
