@@ -130,6 +130,26 @@ local function toolCall(ctx, H, call)
   return result
 end
 
+-- The model's tool list.  sandbox.tool() depends only on the host's sandbox settings,
+-- and model.chat only reads the list, so one list serves every turn: converting the
+-- tool into a new table at every turn was 4 % of the instructions of a turn of
+-- berth serve (callgrind, bench/serve_load).  A failure is not kept: the next turn
+-- asks again.
+local toolList
+
+local function modelTools()
+  if toolList then
+    return toolList
+  end
+  local tool, why = sandbox.tool()
+  if not tool then
+    log.warn("no executeCode tool: " .. tostring(why))
+    return json.array{}
+  end
+  toolList = json.array{tool}
+  return toolList
+end
+
 function M.onTurn(ctx, message)
   local H = settings(ctx)
   local messages = ctx.messages
@@ -137,12 +157,7 @@ function M.onTurn(ctx, message)
     messages[1] = {role = "system", content = systemPrompt(ctx, H)}
   end
   messages[#messages + 1] = {role = "user", content = message}
-  local tool, why = sandbox.tool()
-  local tools = json.array{tool}
-  if not tool then
-    log.warn("no executeCode tool: " .. tostring(why))
-    tools = json.array{}
-  end
+  local tools = modelTools()
   local maxSteps = H.maxSteps
   if math.type(maxSteps) ~= "integer" or maxSteps < 1 then
     error("hooks.maxSteps must be a positive integer, not " .. tostring(maxSteps), 0)
