@@ -155,10 +155,10 @@ static void enqueue(berth_store *s, store_op *op)
   /* Queued from a callback that runs after this iteration's on_prepare (another
    * prepare watcher, or what it feeds: MHD's callbacks when a resumed stream is
    * kicked), the op would wait for the loop's next wake-up, which may never come: the
-   * idle watcher keeps the loop from blocking until the next on_prepare flushes it.
-   * While failing, the retry timer paces the queue instead. */
-  if (!s->failing)
-    idle_start(s);
+   * idle watcher keeps the loop from blocking until the next on_prepare, which flushes
+   * it or, while the store fails, arms the retry timer and stops the idle watcher (so
+   * a failing store never spins the loop). */
+  idle_start(s);
   /* The engine's eager bound (store_engine.h): not from inside a flush or an answer
    * (their callers hold the queue's or the engine's lists), nor while failing (the
    * retry timer paces the queue then).  A failure is logged and its writes kept
