@@ -375,33 +375,30 @@ static int put_conv(lite *l, store_op *op, const char *fence)
   return rc;
 }
 
-/* Whether the fence refuses writes to conversation `id` (S_FENCED); *rc gets SQLite's
- * answer.  No fence refuses nothing. */
-static bool fenced(lite *l, const char *id, const char *fence, int *rc)
+/* Whether op must not write: the fence refuses its conversation (S_FENCED; then
+ * op->fenced, for all of the op's writes: one transaction), or asking failed (*rc gets
+ * SQLite's code).  No fence refuses nothing. */
+static bool fence_stops(lite *l, store_op *op, const char *fence, int *rc)
 {
   *rc = SQLITE_OK;
   if (!fence)
     return false;
   sqlite3_stmt *q = l->st[S_FENCED];
-  bind_text(q, 1, id);
+  bind_text(q, 1, op->id);
   bind_text(q, 2, fence);
   int step = sqlite3_step(q);
   sqlite3_reset(q);
-  if (step != SQLITE_ROW && step != SQLITE_DONE)
+  if (step == SQLITE_ROW)
+    op->fenced = true;
+  else if (step != SQLITE_DONE)
     *rc = step;
-  return step == SQLITE_ROW;
+  return step != SQLITE_DONE;
 }
 
 static int put_messages(lite *l, store_op *op, const char *fence)
 {
   int rc = SQLITE_OK;
-  if (!op->replace && op->n == 0)
-    return rc;
-  if (fenced(l, op->id, fence, &rc)) {
-    op->fenced = true;          /* (for them all: one transaction) */
-    return rc;
-  }
-  if (rc != SQLITE_OK)
+  if ((!op->replace && op->n == 0) || fence_stops(l, op, fence, &rc))
     return rc;
   if (op->replace) {
     bind_text(l->st[S_DEL_MESSAGES], 1, op->id);
@@ -420,11 +417,7 @@ static int put_messages(lite *l, store_op *op, const char *fence)
 static int put_event(lite *l, store_op *op, const char *fence)
 {
   int rc;
-  if (fenced(l, op->id, fence, &rc)) {
-    op->fenced = true;
-    return rc;
-  }
-  if (rc != SQLITE_OK)
+  if (fence_stops(l, op, fence, &rc))
     return rc;
   sqlite3_stmt *q = l->st[S_PUT_EVENT];
   bind_text(q, 1, op->id);
