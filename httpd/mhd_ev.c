@@ -20,16 +20,15 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     httpd_mhd_run(w->data);
 }
 
-/* The timer follows MHD's own next timeout, set after every run: whichever phase of
- * the loop ran MHD (a kick fed from a prepare watcher runs after the loop's prepare
- * phase), the loop then waits no longer than MHD asked.  A connection MHD still has
- * steps for (a timeout of 0) has no event left to wake it: the request behind a
- * keep-alive answer may already sit in MHD's buffer. */
-static void arm_timer(httpd_mhd *m)
+/* The timer follows MHD's own next timeout (`has` and `ms`, MHD_get_timeout's), set
+ * after every run: whichever phase of the loop ran MHD (a kick fed from a prepare
+ * watcher runs after the loop's prepare phase), the loop then waits no longer than
+ * MHD asked.  A connection MHD still has steps for (a timeout of 0) has no event left
+ * to wake it: the request behind a keep-alive answer may already sit in MHD's buffer. */
+static void follow_timeout(httpd_mhd *m, enum MHD_Result has, MHD_UNSIGNED_LONG_LONG ms)
 {
-    MHD_UNSIGNED_LONG_LONG ms;
     ev_timer_stop(m->loop, &m->timer);
-    if (MHD_get_timeout(m->daemon, &ms) == MHD_YES) {
+    if (has == MHD_YES) {
         ev_timer_set(&m->timer, (double)ms / 1000.0, 0.);
         ev_timer_start(m->loop, &m->timer);
     }
@@ -54,7 +53,9 @@ bool httpd_mhd_attach(httpd_mhd *m, struct ev_loop *loop, struct MHD_Daemon *dae
     m->timer.data = m;
     ev_timer_init(&m->kick, on_timer, 0., 0.);
     m->kick.data = m;
-    arm_timer(m);
+    MHD_UNSIGNED_LONG_LONG ms = 0;
+    enum MHD_Result has = MHD_get_timeout(daemon, &ms);
+    follow_timeout(m, has, ms);
     return true;
 }
 
@@ -70,17 +71,19 @@ void httpd_mhd_kick(httpd_mhd *m)
   * at once (a timeout of 0) twice more before it reads the next request.  Each of
   * those through the loop costs an iteration and two epoll_waits, so a few runs that
   * are due now are made here, bounded so that other watchers are never starved; what
-  * is still due after them is the timer's (arm_timer). */
+  * is still due after them is the timer's (follow_timeout). */
 #define MHD_RUNS_IN_A_ROW 4
 
 void httpd_mhd_run(httpd_mhd *m)
 {
-    MHD_UNSIGNED_LONG_LONG ms;
+    MHD_UNSIGNED_LONG_LONG ms = 0;
+    enum MHD_Result has;
     int runs = 0;
-    do
+    do {
         MHD_run(m->daemon);
-    while (++runs < MHD_RUNS_IN_A_ROW && MHD_get_timeout(m->daemon, &ms) == MHD_YES && ms == 0);
-    arm_timer(m);
+        has = MHD_get_timeout(m->daemon, &ms);
+    } while (++runs < MHD_RUNS_IN_A_ROW && has == MHD_YES && ms == 0);
+    follow_timeout(m, has, ms);
 }
 
 void httpd_mhd_detach(httpd_mhd *m)

@@ -6,11 +6,11 @@
   * watches that set's descriptor, an ev_timer follows MHD_get_timeout (re-armed after
   * every run, whichever phase of the loop made it) and a "kick" runs MHD after a
   * resume or a handed-over connection, once the callback that kicked has returned
-  * (from any callback: a prepare watcher's too) — MHD_run is
-  * never called from inside one of MHD's own callbacks ("make sure to run MHD_run()
-  * afterwards", says its manual).  A run repeats MHD_run while MHD says it is due at
-  * once, a few times at most: it takes a finished keep-alive connection one step per
-  * run, and each step through the loop would cost an iteration.
+  * (from any callback: a prepare watcher's too) — MHD_run is never called from
+  * inside one of MHD's own callbacks ("make sure to run MHD_run() afterwards", says
+  * its manual).  A run repeats MHD_run while MHD says it is due at once, a few times
+  * at most: it takes a finished keep-alive connection one step per run, and each step
+  * through the loop would cost an iteration.
   *
   *   struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_EPOLL | ..., ...);
   *   httpd_mhd m;
