@@ -428,7 +428,7 @@ json_t *st_sse_parse(const char *text, size_t len)
   return out;
 }
 
-static size_t on_stream(char *p, size_t size, size_t n, void *ud)
+size_t st_stream_write(char *p, size_t size, size_t n, void *ud)
 {
   st_stream *st = ud;
   size_t add = size * n;
@@ -453,7 +453,7 @@ void st_stream_start(st_stream *st, CURLM *multi, const char *url, const char *t
   curl_easy_setopt(st->easy, CURLOPT_URL, url);
   curl_easy_setopt(st->easy, CURLOPT_HTTPHEADER, st->headers);
   curl_easy_setopt(st->easy, CURLOPT_COPYPOSTFIELDS, body);
-  curl_easy_setopt(st->easy, CURLOPT_WRITEFUNCTION, on_stream);
+  curl_easy_setopt(st->easy, CURLOPT_WRITEFUNCTION, st_stream_write);
   curl_easy_setopt(st->easy, CURLOPT_WRITEDATA, st);
   curl_easy_setopt(st->easy, CURLOPT_PRIVATE, st);
   curl_easy_setopt(st->easy, CURLOPT_TIMEOUT, 120L);

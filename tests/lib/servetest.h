@@ -83,6 +83,9 @@ void st_stream_start(st_stream *st, CURLM *multi, const char *url, const char *t
 /* Runs transfers until pred(ud) holds or `seconds` pass; completed transfers are
  * marked done (and removed from the multi handle).  Returns pred's last value. */
 bool st_pump(CURLM *multi, bool (*pred)(void *ud), void *ud, double seconds);
+/* The streams' libcurl write callback (CURLOPT_WRITEDATA: the st_stream): appends to
+ * buf, NUL-terminated. */
+size_t st_stream_write(char *p, size_t size, size_t n, void *st);
 /* Frees what the stream holds (removing it from the multi handle first). */
 void st_stream_free(st_stream *st, CURLM *multi);
 /* The events received so far. */
