@@ -28,6 +28,7 @@
 #include "pgtest.h"
 #include "store/store.h"
 #include "store/store_engine.h"        /* an engine's eager bound */
+#include "store/sqlite_checkpoint.h"
 
 static pgtest cluster;           /* the PostgreSQL group's server */
 
@@ -1209,6 +1210,58 @@ static void test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal(void **state
   berth_store_events_free(ev, n);
 }
 
+static void exec_ok(sqlite3 *db, const char *sql)
+{
+  char *err = NULL;
+  if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+    fail_msg("%s: %s", sql, err ? err : "?");
+}
+
+static void sleep_ms(int ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* The WAL starts over even while the writer writes on (sqlite_checkpoint.h): the
+ * thread's checkpoint copies what was committed while a write transaction is open,
+ * and that transaction's commit copies the rest (the transaction's pages), so the
+ * write after it begins the WAL again.  Left to the thread, the write after the
+ * commit would find that commit's pages not copied yet and append to the WAL. */
+static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
+{
+  fixture *f = *state;
+  char path[160];
+  snprintf(path, sizeof path, "%s/ckpt.db", f->dir);
+  sqlite3 *db;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  exec_ok(db, "PRAGMA journal_mode = WAL; CREATE TABLE t (x BLOB)");
+  lite_ckpt *c = lite_ckpt_start(db, path);
+  assert_non_null(c);
+  /* past the threshold in one commit (a row a page), which wakes the thread */
+  char sql[200];
+  snprintf(sql, sizeof sql, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
+                            "FROM n WHERE i < %d) INSERT INTO t SELECT zeroblob(3000) "
+                            "FROM n", LITE_CKPT_FRAMES + 300);
+  exec_ok(db, sql);
+  /* the thread copies it while a write transaction is open (polled for up to 15 s) */
+  exec_ok(db, "BEGIN IMMEDIATE; INSERT INTO t VALUES (zeroblob(3000))");
+  for (int i = 0; i < 3000 && lite_ckpt_made(c) < 1; i++)
+    sleep_ms(5);
+  assert_int_equal(lite_ckpt_made(c), 1);
+  exec_ok(db, "COMMIT");
+  /* at once: the next write starts the WAL from its beginning, so the file does not
+   * grow (appended, its pages would make it longer) */
+  char wal[200];
+  snprintf(wal, sizeof wal, "%s-wal", path);
+  off_t before = file_size(wal);
+  assert_true(before >= (off_t)LITE_CKPT_FRAMES * 4096);
+  exec_ok(db, "INSERT INTO t VALUES (1)");
+  assert_int_equal(file_size(wal), before);
+  lite_ckpt_stop(c, db);
+  sqlite3_close(db);
+}
+
 /* Answers are called at most BERTH_STORE_ANSWERS_PER_ITERATION per loop iteration,
  * the rest in the next ones, in the order of their syncs (store.h): 3 times that many
  * syncs answered by one commit take at least 3 iterations.  The answers left over
@@ -1947,6 +2000,7 @@ int main(void)
     LITE(test_sqlite_version_3_is_migrated_to_4),
     LITE(test_sqlite_keeps_everything_across_reopening),
     LITE(test_sqlite_checkpoints_off_the_loop_and_bounds_the_wal),
+    LITE(test_sqlite_checkpoint_thread_starts_the_wal_over),
     LITE(test_sqlite_batches_are_applied_off_the_loop),
     LITE(test_sqlite_newer_schema_is_refused_untouched),
     LITE(test_sqlite_corrupt_or_foreign_file_is_refused),

@@ -7,10 +7,12 @@
  * every sync waiting for it, would wait for a checkpoint of the whole WAL.  Instead the store's
  * connection has automatic checkpoints off, and its WAL hook wakes a thread of this
  * module, which checkpoints PASSIVE on a connection of its own: it copies what no
- * reader needs, never waits for the writer, and the writer never waits for it.  Once
- * everything is copied, SQLite starts the WAL from its beginning at the next write,
- * so the file stays near the threshold's size (at most LITE_CKPT_MOST pages and one
- * commit's).
+ * reader needs and never waits for the writer.  The writer's next commit copies what
+ * the thread left behind, when that is little (LITE_CKPT_REST pages: the commits made
+ * while the thread copied), so that SQLite starts the WAL from its beginning at the
+ * next write.  The file stays near the threshold's size (at most LITE_CKPT_MOST pages
+ * and one commit's), and a page that many commits wrote since the last checkpoint is
+ * copied once.
  *
  * Threads: lite_ckpt_start and lite_ckpt_stop from the loop's thread, while no one
  * else uses `db`; the WAL hook runs inside `db`'s commits, on the thread that makes
@@ -31,6 +33,8 @@
  * past which the thread that commits makes it itself (sqlite_checkpoint.c says when). */
 #define LITE_CKPT_FRAMES 1000
 #define LITE_CKPT_MOST 8000
+/* What the thread's checkpoint may leave behind for the writer to copy (pages). */
+#define LITE_CKPT_REST 250
 
 typedef struct lite_ckpt lite_ckpt;
 
