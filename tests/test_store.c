@@ -1225,8 +1225,8 @@ static void sleep_ms(int ms)
 
 /* The WAL starts over even while the writer writes on (sqlite_checkpoint.h): the
  * thread's checkpoint copies what was committed while a write transaction is open,
- * and that transaction's commit copies the rest (the transaction's pages), so the
- * write after it begins the WAL again.  Left to the thread, the write after the
+ * and after that transaction's commit the writer copies the rest (lite_ckpt_finish:
+ * the transaction's pages), so the write after it begins the WAL again.  Left to the thread, the write after the
  * commit would find that commit's pages not copied yet and append to the WAL. */
 static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
 {
@@ -1250,6 +1250,7 @@ static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
     sleep_ms(5);
   assert_int_equal(lite_ckpt_made(c), 1);
   exec_ok(db, "COMMIT");
+  lite_ckpt_finish(c, db);      /* as the store's writer does after each transaction */
   /* at once: the next write starts the WAL from its beginning, so the file does not
    * grow (appended, its pages would make it longer) */
   char wal[200];

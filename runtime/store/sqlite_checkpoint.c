@@ -19,6 +19,7 @@ struct lite_ckpt {
   uint64_t made, failed;         /* under mu */
   int copied;                    /* under mu: the WAL's frames the last checkpoint copied,
                                     0 once the writer's next commit looked at it */
+  bool finish;                   /* the committing thread's: lite_ckpt_finish copies */
 };
 
 static void *checkpointer(void *arg)
@@ -60,8 +61,10 @@ static void *checkpointer(void *arg)
  * LITE_CKPT_REST pages behind, this commit's thread copies them itself, in RESTART
  * mode, and the next write starts the WAL from its beginning: the thread copies the
  * bulk, in parallel, and the writer waits only for the last commits' pages and a
- * sync.  The thread's figure is taken by the first commit after it: a later one could
- * be of a WAL that started again meanwhile.
+ * sync.  It does so in lite_ckpt_finish, once the commit's batches are handed back:
+ * here, inside the commit, their syncs would wait for it too.  The thread's figure
+ * is taken by the first commit after it: a later one could be of a WAL that started
+ * again meanwhile.
  *
  * Past LITE_CKPT_MOST the writer copies all that is left itself, as SQLite's
  * automatic checkpoint would have, also in RESTART mode: a PASSIVE checkpoint gives
@@ -76,18 +79,27 @@ static int on_wal(void *ud, sqlite3 *db, const char *schema, int frames)
   int copied = c->copied;
   c->copied = 0;
   bool idle = !c->busy && !c->wanted;
-  if (idle && frames >= LITE_CKPT_FRAMES && frames < LITE_CKPT_MOST &&
-      !(copied && frames >= copied && frames - copied <= LITE_CKPT_REST)) {
+  bool rest = idle && copied && frames >= copied && frames - copied <= LITE_CKPT_REST;
+  if (idle && !rest && frames >= LITE_CKPT_FRAMES && frames < LITE_CKPT_MOST) {
     c->wanted = true;
     pthread_cond_signal(&c->cv);
   }
   pthread_mutex_unlock(&c->mu);
   if (frames < LITE_CKPT_FRAMES)
     return SQLITE_OK;
-  if (frames >= LITE_CKPT_MOST ||
-      (idle && copied && frames >= copied && frames - copied <= LITE_CKPT_REST))
+  if (frames >= LITE_CKPT_MOST)
     sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
+  else if (rest)
+    c->finish = true;
   return SQLITE_OK;
+}
+
+void lite_ckpt_finish(lite_ckpt *c, sqlite3 *db)
+{
+  if (!c || !c->finish)
+    return;
+  c->finish = false;
+  sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
 }
 
 lite_ckpt *lite_ckpt_start(sqlite3 *db, const char *path)

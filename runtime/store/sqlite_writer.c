@@ -14,6 +14,7 @@ struct lite_writer {
   struct ev_loop *loop;
   ev_async ended;                /* the writer's word that jobs are done */
   lite_write_fn write;
+  void (*after)(void *ud);
   void *ud;
   pthread_t thread;
   pthread_mutex_t mu;
@@ -62,10 +63,16 @@ static void *writer(void *arg)
       j->err = e ? berth_error_new(e->code, "%s", e->message) : NULL;
     berth_error_free(e);
     pthread_mutex_lock(&w->mu);
-    w->busy = false;
     append(&w->done, &w->done_tail, jobs, last);
-    pthread_cond_broadcast(&w->idle);
     ev_async_send(w->loop, &w->ended);
+    if (w->after) {             /* still busy: the loop reads on the connection only
+                                   once the writer is idle */
+      pthread_mutex_unlock(&w->mu);
+      w->after(w->ud);
+      pthread_mutex_lock(&w->mu);
+    }
+    w->busy = false;
+    pthread_cond_broadcast(&w->idle);
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
@@ -95,11 +102,13 @@ static void on_ended(struct ev_loop *loop, ev_async *a, int revents)
   end_done(a->data);
 }
 
-lite_writer *lite_writer_start(struct ev_loop *loop, lite_write_fn write, void *ud)
+lite_writer *lite_writer_start(struct ev_loop *loop, lite_write_fn write,
+                               void (*after)(void *ud), void *ud)
 {
   lite_writer *w = berth_xcalloc(1, sizeof *w);
   w->loop = loop;
   w->write = write;
+  w->after = after;
   w->ud = ud;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->work, NULL);

@@ -45,7 +45,11 @@ typedef berth_error *(*lite_write_fn)(void *ud, lite_job *jobs);
 
 typedef struct lite_writer lite_writer;
 
-lite_writer *lite_writer_start(struct ev_loop *loop, lite_write_fn write, void *ud);
+/* `after` (or NULL) runs on the writer's thread after each transaction, once its jobs
+ * were handed back to the loop (whose syncs may be answered meanwhile), before the
+ * writer counts as idle: work on the connection that no sync should wait for. */
+lite_writer *lite_writer_start(struct ev_loop *loop, lite_write_fn write,
+                               void (*after)(void *ud), void *ud);
 /* Hands a batch over (the fence copied). */
 void lite_writer_submit(lite_writer *w, berth_store_batch *b, const char *fence);
 /* Waits until every batch handed over is applied, and ends them, in order. */

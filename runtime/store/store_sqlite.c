@@ -154,6 +154,7 @@ typedef struct lite {
 } lite;
 
 static berth_error *lite_write(void *ud, lite_job *jobs);
+static void lite_after(void *ud);
 
 /* An error value for what SQLite said (rc), about the store's file. */
 static berth_error *lite_error(lite *l, int rc, const char *doing)
@@ -314,7 +315,7 @@ static berth_error *lite_open(berth_store *s, const char *path)
   }
   l->ckpt = lite_ckpt_start(l->db, path);
   if (s->loop)
-    l->writer = lite_writer_start(s->loop, lite_write, l);
+    l->writer = lite_writer_start(s->loop, lite_write, lite_after, l);
   return NULL;
 fail:
   lite_close(s);
@@ -507,6 +508,14 @@ static berth_error *lite_write(void *ud, lite_job *jobs)
   return e;
 }
 
+/* After a transaction, its batches handed back: what the checkpoints left to the
+ * writer (sqlite_checkpoint.h). */
+static void lite_after(void *ud)
+{
+  lite *l = ud;
+  lite_ckpt_finish(l->ckpt, l->db);
+}
+
 static void lite_apply(berth_store *s, berth_store_batch *b)
 {
   lite *l = s->engine;
@@ -518,6 +527,7 @@ static void lite_apply(berth_store *s, berth_store_batch *b)
   berth_error *e = lite_write(l, &j);
   berth_store_batch_done(b, e);
   berth_error_free(e);
+  lite_after(l);
 }
 
 static void lite_settle(berth_store *s)
