@@ -27,8 +27,8 @@
  *
  * Prints turns/s, cells, lost, misclassified, p50/p99/max turn latency (client side:
  * request sent to the stream's end), and p50/p99 of the turns after each
- * conversation's first (which all start at once and open their sandboxes).  Bounded: --time-limit (default 100 s) stops the
- * run and reports it as failed.  Scale down with --conversations / --cells.
+ * conversation's first (which all start at once and open their sandboxes).  Bounded:
+ * --time-limit (default 100 s) stops the run and reports it as failed.  Scale down with --conversations / --cells.
  * BENCH_JSON=PATH also writes the figures there, with the latency distribution as a
  * histogram (bench/benchjson.h).
  */
@@ -136,7 +136,6 @@ static void start_turn(run *r, conv *c, unsigned idx)
   }
   curl_easy_setopt(st->easy, CURLOPT_COPYPOSTFIELDS, body);
   st->len = 0;
-  st->done = false;
   st->status = 0;
   st->started = st_now();
   curl_multi_add_handle(r->multi, st->easy);
@@ -218,7 +217,6 @@ static void drain(void *ud)
   conv *c;
   while ((c = plm_curl_ev_next_done(&r->cev, &rc))) {
     st_stream *st = &c->st;
-    st->done = true;
     st->result = rc;
     st->ended = st_now();
     curl_easy_getinfo(st->easy, CURLINFO_RESPONSE_CODE, &st->status);
@@ -315,13 +313,8 @@ int main(int argc, char **argv)
   }
   r.multi = r.cev.multi;
   curl_multi_setopt(r.multi, CURLMOPT_MAXCONNECTS, (long)concurrency + 16);
-  for (int k = 0; k < 2; k++) {
-    char line[256];
-    snprintf(line, sizeof line, "Authorization: Bearer %s", srv.token[k]);
-    r.headers[k] = curl_slist_append(r.headers[k], line);
-    r.headers[k] = curl_slist_append(r.headers[k], "Content-Type: application/json");
-    r.headers[k] = curl_slist_append(r.headers[k], "Expect:");
-  }
+  for (int k = 0; k < 2; k++)
+    r.headers[k] = st_headers(srv.token[k], "application/json");
   double t_open = st_now();
   char url[256];
   snprintf(url, sizeof url, "%s/v1/conversations", srv.url);

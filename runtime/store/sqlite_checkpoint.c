@@ -34,8 +34,8 @@ static void *checkpointer(void *arg)
     c->wanted = false;
     c->busy = true;
     pthread_mutex_unlock(&c->mu);
-    int log = 0, copied = 0;
-    int rc = sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &copied);
+    int copied = 0;
+    int rc = sqlite3_wal_checkpoint_v2(c->db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, &copied);
     pthread_mutex_lock(&c->mu);
     c->busy = false;
     if (rc == SQLITE_OK) {

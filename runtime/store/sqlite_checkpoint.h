@@ -10,14 +10,15 @@
  * reader needs and never waits for the writer.  After its next commit the writer
  * copies what the thread left behind, when that is little (LITE_CKPT_REST pages: the
  * commits made while the thread copied; lite_ckpt_finish), so that SQLite starts the
- * WAL from its beginning at the next write.  The file stays near the threshold's size (at most LITE_CKPT_MOST pages
- * and one commit's), and a page that many commits wrote since the last checkpoint is
- * copied once.
+ * WAL from its beginning at the next write.  The file stays near the threshold's size
+ * (at most LITE_CKPT_MOST pages and one commit's), and a page that many commits wrote
+ * since the last checkpoint is copied once.
  *
  * Threads: lite_ckpt_start and lite_ckpt_stop from the loop's thread, while no one
  * else uses `db`; the WAL hook runs inside `db`'s commits, on the thread that makes
- * them (the store's writer, sqlite_writer.h), and so does lite_ckpt_finish.  The checkpoint thread touches only
- * its own connection and this module's state, under its mutex.
+ * them (the store's writer, sqlite_writer.h), and so does lite_ckpt_finish.  The
+ * checkpoint thread touches only its own connection and this module's state, under
+ * its mutex.
  * Errors: a checkpoint that fails (a full disk) is tried again at the next wake-up;
  * the WAL grows meanwhile and nothing is lost.  lite_ckpt_start fails only when the
  * file cannot be opened a second time or no thread can be made: the caller then

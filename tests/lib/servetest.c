@@ -302,7 +302,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud)
   return add;
 }
 
-static struct curl_slist *headers_for(const char *token, const char *type)
+struct curl_slist *st_headers(const char *token, const char *type)
 {
   struct curl_slist *h = NULL;
   char line[256];
@@ -323,7 +323,7 @@ long st_call_type(const char *method, const char *url, const char *token, const 
 {
   CURL *e = curl_easy_init();
   sink k = {NULL, 0, 0};
-  struct curl_slist *h = headers_for(token, body ? type : NULL);
+  struct curl_slist *h = st_headers(token, body ? type : NULL);
   curl_easy_setopt(e, CURLOPT_URL, url);
   curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
@@ -449,7 +449,7 @@ void st_stream_start(st_stream *st, CURLM *multi, const char *url, const char *t
   memset(st, 0, sizeof *st);
   st->ud = ud;
   st->easy = curl_easy_init();
-  st->headers = headers_for(token, "application/json");
+  st->headers = st_headers(token, "application/json");
   curl_easy_setopt(st->easy, CURLOPT_URL, url);
   curl_easy_setopt(st->easy, CURLOPT_HTTPHEADER, st->headers);
   curl_easy_setopt(st->easy, CURLOPT_COPYPOSTFIELDS, body);

@@ -83,6 +83,9 @@ void st_stream_start(st_stream *st, CURLM *multi, const char *url, const char *t
 /* Runs transfers until pred(ud) holds or `seconds` pass; completed transfers are
  * marked done (and removed from the multi handle).  Returns pred's last value. */
 bool st_pump(CURLM *multi, bool (*pred)(void *ud), void *ud, double seconds);
+/* A request's headers: the bearer token (NULL: none), the Content-Type (NULL: none) and
+ * no "Expect: 100-continue".  Free with curl_slist_free_all. */
+struct curl_slist *st_headers(const char *token, const char *type);
 /* The streams' libcurl write callback (CURLOPT_WRITEDATA: the st_stream): appends to
  * buf, NUL-terminated. */
 size_t st_stream_write(char *p, size_t size, size_t n, void *st);
