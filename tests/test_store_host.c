@@ -3,6 +3,7 @@
  * a suspended conversation's ctx leaves the Lua heap once the store committed it, and
  * comes back from the store, whole, when a message wakes it (issue 15 item 4: idle
  * conversations cost the running ones nothing).  On an SQLite file and on memory.
+ * A stored history that is not JSON any more is data_loss on both ways back.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 #include <ev.h>
 #include <lua.h>
+#include <sqlite3.h>
 
 #include "berth.h"
 #include "hosttest.h"
@@ -145,11 +147,80 @@ static void test_suspended_ctx_leaves_the_heap_and_comes_back_memory(void **stat
   run_with("memory");
 }
 
+/* Every stored message of the file at `path` made a text that is not JSON, by another
+ * connection, as a damaged disk or a hand edit could. */
+static void damage_messages(const char *path)
+{
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  char *err = NULL;
+  int rc = sqlite3_exec(db, "UPDATE messages SET body = '{\"role\": '", NULL, NULL, &err);
+  if (rc != SQLITE_OK)
+    fail_msg("damaging %s: %s", path, err);
+  assert_int_equal(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+}
+
+static void test_a_stored_history_not_json_is_data_loss_both_ways_back(void **state)
+{
+  (void)state;
+  ht t;
+  ht_init(&t);
+  char path[300];
+  snprintf(path, sizeof path, "%s/convs.db", t.dir);
+  char url[320];
+  snprintf(url, sizeof url, "sqlite:%s", path);
+  assert_null(berth_store_open(t.loop, url, &the_store));
+  ht_host(&t, ht_file(&t, "hooks.lua", hooks), NULL, NULL, use_store);
+  berth_conv_options co = {0};
+  co.run_id = "run-damaged";
+  berth_conv *c = NULL;
+  assert_null(berth_conv_open(t.host, &co, &c));
+  assert_int_equal(berth_conv_send(c, "hello"), 0);
+  assert_true(ht_wait_events(&t, "seen", 1, 20));
+  berth_conv_suspend(c);
+  assert_true(ht_wait_events(&t, "suspend", 1, 20));
+  synced = false;                /* after the suspend's own sync: its ctx left the heap */
+  berth_store_sync(the_store, on_sync, NULL);
+  assert_true(ht_wait(&t, is_synced, NULL, 20));
+  damage_messages(path);
+
+  /* the unloaded ctx cannot come back: the turn fails with why, the hook never runs */
+  int errors = ht_count(&t, "error");
+  assert_int_equal(berth_conv_send(c, "again"), 0);
+  assert_true(ht_wait_events(&t, "error", errors + 1, 20));
+  const char *why = json_string_value(json_object_get(ht_event(&t, "error", errors), "message"));
+  assert_non_null(why);
+  assert_non_null(strstr(why, "the stored conversation run-damaged cannot be loaded"));
+  assert_non_null(strstr(why, "stored message 0 is not JSON"));
+  assert_int_equal(ht_count(&t, "seen"), 1);
+  berth_conv_free(c);
+
+  /* nor can it be resumed by its id (as after a restart): data_loss, nothing opened */
+  co.run_id = NULL;
+  co.store_id = "run-damaged";
+  berth_error *e = berth_conv_open(t.host, &co, &c);
+  assert_non_null(e);
+  assert_string_equal(e->code, "data_loss");
+  assert_non_null(strstr(e->message, "the stored conversation run-damaged cannot be loaded"));
+  assert_non_null(strstr(e->message, "stored message 0 is not JSON"));
+  assert_null(c);
+  berth_error_free(e);
+
+  berth_host_free(t.host);
+  t.host = NULL;
+  berth_store_free(the_store);
+  the_store = NULL;
+  ht_free(&t);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_suspended_ctx_leaves_the_heap_and_comes_back_sqlite),
     cmocka_unit_test(test_suspended_ctx_leaves_the_heap_and_comes_back_memory),
+    cmocka_unit_test(test_a_stored_history_not_json_is_data_loss_both_ways_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -439,7 +439,8 @@ static void unload_when_stored(berth_conv *c)
   berth_store_sync(store_of(c), on_suspend_stored, u);
 }
 
-static int load_ctx(lua_State *L);
+static berth_error *load_stored(lua_State *L, char **texts, size_t n, const char *state,
+                                const char *run_id);
 
 /* Builds the ctx of an unloaded conversation again from the store: its messages, and
  * its state as last stored (kept in C).  NULL, or why it could not. */
@@ -456,22 +457,11 @@ static berth_error *ctx_reload(berth_conv *c)
   push_ctx_new(L, c, json_is_object(meta) ? meta : NULL);
   json_decref(meta);
   int ctx = lua_gettop(L);
-  lua_pushcfunction(L, load_ctx);
   lua_pushvalue(L, ctx);
-  lua_pushlightuserdata(L, texts);
-  lua_pushinteger(L, (lua_Integer)n);
-  if (c->state)
-    lua_pushstring(L, c->state);
-  else
-    lua_pushnil(L);
-  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
-    e = berth_error_new("data_loss", "the stored conversation %s cannot be loaded: %s",
-                        c->run_id, lua_tostring(L, -1));
-    lua_pop(L, 2);
-    berth_store_texts_free(texts, n);
+  if ((e = load_stored(L, texts, n, c->state, c->run_id))) {
+    lua_pop(L, 1);
     return e;
   }
-  berth_store_texts_free(texts, n);
   lua_getfield(L, ctx, "messages");
   c->stored_tbl = lua_topointer(L, -1);
   lua_pop(L, 1);
@@ -907,6 +897,30 @@ static int load_ctx(lua_State *L)
   return 0;
 }
 
+/* Fills the ctx on top of the stack, which it pops, with the stored messages and state
+ * (load_ctx, protected), and frees the texts.  NULL, or why the stored conversation
+ * cannot be loaded (data_loss). */
+static berth_error *load_stored(lua_State *L, char **texts, size_t n, const char *state,
+                                const char *run_id)
+{
+  lua_pushcfunction(L, load_ctx);
+  lua_insert(L, -2);
+  lua_pushlightuserdata(L, texts);
+  lua_pushinteger(L, (lua_Integer)n);
+  if (state)
+    lua_pushstring(L, state);
+  else
+    lua_pushnil(L);
+  berth_error *e = NULL;
+  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
+    e = berth_error_new("data_loss", "the stored conversation %s cannot be loaded: %s",
+                        run_id, lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  berth_store_texts_free(texts, n);
+  return e;
+}
+
 /* A stored conversation comes back as after an idle suspend: its history and state,
  * no sandbox (the first cell of its next turn reports freshSandbox). */
 static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
@@ -949,23 +963,11 @@ static berth_error *conv_resume(berth_host *h, const berth_store_conv *rec,
   c->last_event = last;
   c->suspended = true;
   lua_State *L = h->L;
-  lua_pushcfunction(L, load_ctx);
   berth_conv_push_ctx(L, c);
-  lua_pushlightuserdata(L, texts);
-  lua_pushinteger(L, (lua_Integer)n);
-  if (rec->state)
-    lua_pushstring(L, rec->state);
-  else
-    lua_pushnil(L);
-  if (lua_pcall(L, 4, 0, 0) != LUA_OK) {
-    e = berth_error_new("data_loss", "the stored conversation %s cannot be loaded: %s",
-                        rec->run_id, lua_tostring(L, -1));
-    lua_pop(L, 1);
-    berth_store_texts_free(texts, n);
+  if ((e = load_stored(L, texts, n, rec->state, rec->run_id))) {
     berth_conv_free(c);
     return e;
   }
-  berth_store_texts_free(texts, n);
   c->stored_msgs = (uint32_t)n;
   c->state = rec->state ? berth_xstrdup(rec->state) : NULL;
   berth_conv_push_ctx(L, c);
