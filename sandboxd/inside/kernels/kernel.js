@@ -62,7 +62,9 @@
   globalThis.require = Module.createRequire(path.join(work, '[cell]'));
   const inspectOptions = { depth: 4, maxArrayLength: 100, maxStringLength: 10000 };
 
+  let warming = false; // the warm-up's cells go the whole way but answer nobody
   function send(body) {
+    if (warming) return;
     const b = Buffer.from(body, 'latin1');
     const head = Buffer.alloc(4);
     head.writeUInt32LE(b.length, 0);
@@ -97,9 +99,9 @@
   // after it is output between cells, dropped by the daemon.  Shorter than PIPE_BUF, so
   // written whole and never interleaved.  A full pipe (a child still writing) is waited
   // for, never skipped: the daemon reads it all along.
-  async function endMark(nonce) {
+  async function endMark(nonce, fds = [1, 2]) {
     const mark = Buffer.from('\x1f' + nonce + '\x1e', 'latin1');
-    for (const fd of [1, 2]) {
+    for (const fd of fds) {
       for (;;) {
         try { fs.writeSync(fd, mark); break; } catch (e) {
           if (e.code !== 'EAGAIN') break; // closed by the cell: the daemon takes what is queued
@@ -206,13 +208,15 @@
       if (rejectionPending()) await new Promise((resolve) => setImmediate(resolve));
       await drained(stdout);
       await drained(stderr);
-      await endMark(nonce);
+      // (while warming, stdout only: the daemon drops it before "ready", and keeps
+      // stderr then for a failed start's diagnosis)
+      await endMark(nonce, warming ? [1] : [1, 2]);
       send('D' + status + nonce + (spawned || !canTell ? '1' : '0'));
     }
     busy = false;
   }
   const input = new net.Socket({ fd: reqFd, readable: true, writable: false });
-  input.on('data', (chunk) => {
+  function onData(chunk) {
     buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
     while (buf.length >= 4) {
       const size = buf.readUInt32LE(0);
@@ -220,26 +224,32 @@
       queue.push(buf.subarray(4, 4 + size));
       buf = buf.subarray(4 + size);
     }
-    pump();
-  });
+    return pump();
+  }
+  input.on('data', onData);
   input.on('end', () => process.exit(0));
   input.on('error', () => process.exit(0));
-  // One cell's path once (parse, rewrite, compile, run, inspect) before saying ready:
-  // a warm sandbox's first cell does not pay for V8 warming up.
+  // A cell's whole path once before saying ready -- frame, pump, rewrite, compile, run,
+  // inspect, drain, end mark -- so that a warm sandbox's first cell does not pay for V8
+  // compiling that path (0.4-0.6 ms of a pooled open + first cell; a warm-up of the
+  // compile and run steps alone saved nothing there).  Nothing of it stays: no global,
+  // no `_`, and the session's cells are numbered from 1.
   (async () => {
     try {
       void process.stdout; // the streams are made on first use: make them now
       void process.stderr;
-      for (const code of ['let warm = 1; warm', 'await 0']) {
-        const src = rewrite(code);
-        const wrapped = toplevelAwait && /\bawait\b/.test(src) ? toplevelAwait(src) : null;
-        const script = new vm.Script(wrapped || '(() => { ' + src + ' })()',
-          { filename: 'warm-up.js', importModuleDynamically: importer });
-        const v = await script.runInThisContext();
-        // Written like a cell's value (before "ready": the daemon drops it).
-        process.stdout.write(util.inspect(v, inspectOptions) + '\n');
+      rewrite('let warm = 1; warm'); // acorn's path, run on its own: `warm` is no global
+      warming = true;
+      for (const code of ['1', 'await 0']) {
+        const body = Buffer.from('0'.repeat(32) + code, 'latin1');
+        const head = Buffer.alloc(4);
+        head.writeUInt32LE(body.length, 0);
+        await onData(Buffer.concat([head, body]));
       }
     } catch (e) { /* never fatal */ }
+    warming = false;
+    n = 0;
+    delete globalThis._;
     send('R' + token);
   })();
 })();
