@@ -524,15 +524,24 @@ static void test_D29_javascript_redeclare_await_inspect(void **state)
     close_s(s);
 }
 
-/* The JavaScript kernel runs two cells of its own before it says ready (kernel.js's
- * warm-up); the session's first cell finds nothing of them: no global, no `_`, its
- * own cells numbered from 1, and its output is its own. */
-static void test_D29_D30_javascript_first_cell_finds_no_warm_up(void **state)
+/* Each kernel runs two cells of its own before it says ready (kernel.py's and
+ * kernel.js's warm-up); the session's first cells find nothing of them: no `_`, no
+ * global, their own cells numbered from 1, and their output is their own. */
+static void test_D28_D29_D30_first_cells_find_no_warm_up(void **state)
 {
     (void)state;
     need();
     plm_session *s = open_s();
-    plm_result *r = cell(s, "javascript", "[typeof warm, typeof _, typeof globalThis._]");
+    plm_result *r = cell(s, "python", "('_' in globals(), [k for k in globals() if k[:2] != '__'])");
+    assert_true(r->interpreter_started);
+    assert_string_equal(r->stdout_text, "(False, [])\n");
+    assert_string_equal(r->stderr_text, "");
+    plm_result_free(r);
+    r = cell(s, "python", "raise ValueError('second')");
+    assert_int_equal(r->exit_code, 1);
+    contains(r->stderr_text, "File \"<cell 2>\", line 1");
+    plm_result_free(r);
+    r = cell(s, "javascript", "[typeof warm, typeof _, typeof globalThis._]");
     assert_true(r->interpreter_started);
     assert_string_equal(r->stdout_text, "[ 'undefined', 'undefined', 'undefined' ]\n");
     assert_string_equal(r->stderr_text, "");
@@ -2214,7 +2223,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_I16_describe_lists_the_proven_data_stack, test_teardown),           \
     cmocka_unit_test_teardown(test_D27_D28_python_state_last_expression_and_await, test_teardown),          \
     cmocka_unit_test_teardown(test_D29_javascript_redeclare_await_inspect, test_teardown),                  \
-    cmocka_unit_test_teardown(test_D29_D30_javascript_first_cell_finds_no_warm_up, test_teardown),          \
+    cmocka_unit_test_teardown(test_D28_D29_D30_first_cells_find_no_warm_up, test_teardown),                 \
     cmocka_unit_test_teardown(test_D26_D36_files_before_code_shared_and_importable, test_teardown),         \
     cmocka_unit_test_teardown(test_D37_file_that_cannot_be_written_is_refused_state_kept, test_teardown),   \
     cmocka_unit_test_teardown(test_D43_unsafe_paths_refused_before_anything_runs, test_teardown),           \

@@ -123,15 +123,40 @@ def _berth_kernel():
             show_error(e)
             return b"1"
 
-    # One cell's path once (compile, eval, repr) before saying ready: a warm sandbox's
-    # first cell does not pay for it.
+    def end_cell(nonce, fds):
+        for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
+            try:           # could leave output behind the end mark
+                os.set_blocking(fd, True)
+            except OSError:
+                pass
+        flush()
+        # The end mark on the streams, before the end reply: what a thread or a child
+        # writes after it is output between cells, dropped by the daemon.
+        mark = b"\x1f" + nonce + b"\x1e"
+        for fd in fds:
+            try:
+                os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
+            except OSError:
+                pass  # the cell closed it: the daemon takes what is queued
+
+    # Two cells the whole way (frame, compile, eval, repr, flush, end mark) before
+    # saying ready, so that a warm sandbox's first cell finds its path warm.  Their end
+    # marks go to stdout only (dropped before "ready"; stderr is kept then for a failed
+    # start's diagnosis), no reply is sent, and nothing stays: no `_`, no cell in
+    # linecache, and the session's cells are numbered from 1.
     try:
-        compile(compile("None", "<warm-up>", "exec", ast.PyCF_ONLY_AST | flags), "<warm-up>",
-                "exec", flags)
-        repr(eval(compile(ast.Expression(ast.parse("1", mode="eval").body), "<warm-up>",
-                          "eval", flags), {}))
+        for code in (b"1", b"None"):
+            body = b"0" * 32 + code
+            pending.extend(len(body).to_bytes(4, "little") + body)
+            req = next_request()
+            run_cell(req[32:].decode("utf-8", "surrogateescape"))
+            end_cell(req[:32], (1,))
     except Exception:
         pass
+    state["n"] = 0
+    ns.pop("_", None)
+    for name in [k for k in linecache.cache if k.startswith("<cell ")]:
+        del linecache.cache[name]
     send(b"R" + token)
     while True:
         req = next_request()
@@ -140,20 +165,7 @@ def _berth_kernel():
         status = run_cell(code)
         if forked:
             os._exit(0)  # a process the cell forked never goes on as the kernel
-        for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
-            try:           # could leave output behind the end mark
-                os.set_blocking(fd, True)
-            except OSError:
-                pass
-        flush()
-        # The end mark on both streams, before the end reply: what a thread or a child
-        # writes after it is output between cells, dropped by the daemon.
-        mark = b"\x1f" + nonce + b"\x1e"
-        for fd in (1, 2):
-            try:
-                os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
-            except OSError:
-                pass  # the cell closed it: the daemon takes what is queued
+        end_cell(nonce, (1, 2))
         send(b"D" + status + nonce + (b"1" if spawned[0] else b"0"))
 
 
