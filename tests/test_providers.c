@@ -531,26 +531,28 @@ static void test_D28_D29_D30_first_cells_find_no_warm_up(void **state)
 {
     (void)state;
     need();
+    static const struct {
+        const char *lang, *look, *nothing, *raise, *second, *fourth;
+    } k[] = {
+        {"python", "('_' in globals(), [k for k in globals() if k[:2] != '__'])", "(False, [])\n",
+         "raise ValueError('second')", "File \"<cell 2>\", line 1", "<cell 4>"},
+        {"javascript", "[typeof warm, typeof _, typeof globalThis._]",
+         "[ 'undefined', 'undefined', 'undefined' ]\n", "throw new Error('second')", "cell2.js",
+         "cell4.js"},
+    };
     plm_session *s = open_s();
-    plm_result *r = cell(s, "python", "('_' in globals(), [k for k in globals() if k[:2] != '__'])");
-    assert_true(r->interpreter_started);
-    assert_string_equal(r->stdout_text, "(False, [])\n");
-    assert_string_equal(r->stderr_text, "");
-    plm_result_free(r);
-    r = cell(s, "python", "raise ValueError('second')");
-    assert_int_equal(r->exit_code, 1);
-    contains(r->stderr_text, "File \"<cell 2>\", line 1");
-    plm_result_free(r);
-    r = cell(s, "javascript", "[typeof warm, typeof _, typeof globalThis._]");
-    assert_true(r->interpreter_started);
-    assert_string_equal(r->stdout_text, "[ 'undefined', 'undefined', 'undefined' ]\n");
-    assert_string_equal(r->stderr_text, "");
-    plm_result_free(r);
-    r = cell(s, "javascript", "throw new Error('second')");
-    assert_int_equal(r->exit_code, 1);
-    contains(r->stderr_text, "cell2.js");
-    lacks(r->stderr_text, "cell4.js");
-    plm_result_free(r);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        plm_result *r = cell(s, k[i].lang, k[i].look);
+        assert_true(r->interpreter_started);
+        assert_string_equal(r->stdout_text, k[i].nothing);
+        assert_string_equal(r->stderr_text, "");
+        plm_result_free(r);
+        r = cell(s, k[i].lang, k[i].raise);
+        assert_int_equal(r->exit_code, 1);
+        contains(r->stderr_text, k[i].second);
+        lacks(r->stderr_text, k[i].fourth);
+        plm_result_free(r);
+    }
     close_s(s);
 }
 
