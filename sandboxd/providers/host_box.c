@@ -10,11 +10,11 @@
 #include "util.h"
 
 #include <errno.h>
-#include <grp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define CLEANUP_TRIES 300
@@ -70,10 +70,11 @@ typedef struct launch_ctx {
     rlim_t data;                   /* RLIMIT_DATA when there is no group, or 0 */
 } launch_ctx;
 
-/* In the forked child: joins the box's cgroup, then drops to the sandbox's uid.  With
- * no group, each process's private writable memory is capped instead: Node's Buffers
- * and ArrayBuffers live outside the V8 heap that --max-old-space-size bounds, and an
- * address-space limit would stop Node from starting (its heap reservation). */
+/* In the child (proc.h: system calls only): joins the box's cgroup, then drops to the
+ * sandbox's uid.  With no group, each process's private writable memory is capped
+ * instead: Node's Buffers and ArrayBuffers live outside the V8 heap that
+ * --max-old-space-size bounds, and an address-space limit would stop Node from
+ * starting (its heap reservation). */
 static int launch_preexec(void *ud)
 {
     launch_ctx *l = ud;
@@ -85,8 +86,9 @@ static int launch_preexec(void *ud)
         if (setrlimit(RLIMIT_DATA, &rl) != 0)
             return errno;
     }
-    if (l->drop && (setgroups(0, NULL) != 0 || setresgid(l->uid, l->uid, l->uid) != 0 ||
-                    setresuid(l->uid, l->uid, l->uid) != 0))
+    if (l->drop && (syscall(SYS_setgroups, 0, NULL) != 0 ||
+                    syscall(SYS_setresgid, l->uid, l->uid, l->uid) != 0 ||
+                    syscall(SYS_setresuid, l->uid, l->uid, l->uid) != 0))
         return errno;
     return 0;
 }

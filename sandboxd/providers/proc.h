@@ -17,8 +17,11 @@ typedef struct sbx_watch sbx_watch;
 /* `status` is waitpid's status. */
 typedef void (*sbx_exit_cb)(void *ud, int status);
 
-/* Runs in the forked child before exec (the daemon has one thread, so ordinary calls
- * are safe there).  Returns 0, or an errno to report as the exec failure. */
+/* Runs in the child before exec, on the daemon's memory while the daemon waits (a
+ * vfork-like clone, not a fork; see proc.c): system calls only -- nothing that
+ * allocates, takes a lock or changes what the daemon keeps -- and credentials through
+ * raw system calls, not glibc's wrappers (which would reach for the daemon's threads).
+ * Returns 0, or an errno to report as the exec failure. */
 typedef int (*sbx_preexec_fn)(void *ud);
 
 typedef struct sbx_spawn {
@@ -31,7 +34,7 @@ typedef struct sbx_spawn {
     void *preexec_ud;
 } sbx_spawn;
 
-/* Forks and execs.  Returns the pid, or -1 with errno (and the child's own failure,
+/* Starts argv as a child.  Returns the pid, or -1 with errno (and the child's own failure,
  * an exec or a preexec error, shows as exit status 127 with a line on fd2). */
 pid_t sbx_spawn_process(const sbx_spawn *sp);
 
