@@ -62,13 +62,18 @@
   globalThis.require = Module.createRequire(path.join(work, '[cell]'));
   const inspectOptions = { depth: 4, maxArrayLength: 100, maxStringLength: 10000 };
 
-  let warming = false; // the warm-up's cells go the whole way but answer nobody
-  function send(body) {
-    if (warming) return;
+  // A frame: a 4-byte little-endian length, then the body (latin1: bytes as they are).
+  function frame(body) {
     const b = Buffer.from(body, 'latin1');
     const head = Buffer.alloc(4);
     head.writeUInt32LE(b.length, 0);
-    const all = Buffer.concat([head, b]);
+    return Buffer.concat([head, b]);
+  }
+
+  let warming = false; // the warm-up's cells go the whole way but answer nobody
+  function send(body) {
+    if (warming) return;
+    const all = frame(body);
     let off = 0;
     while (off < all.length) off += fs.writeSync(repFd, all, off);
   }
@@ -240,12 +245,7 @@
       void process.stderr;
       rewrite('let warm = 1; warm'); // acorn's path, run on its own: `warm` is no global
       warming = true;
-      for (const code of ['1', 'await 0']) {
-        const body = Buffer.from('0'.repeat(32) + code, 'latin1');
-        const head = Buffer.alloc(4);
-        head.writeUInt32LE(body.length, 0);
-        await onData(Buffer.concat([head, body]));
-      }
+      for (const code of ['1', 'await 0']) await onData(frame('0'.repeat(32) + code));
     } catch (e) { /* never fatal */ }
     warming = false;
     n = 0;

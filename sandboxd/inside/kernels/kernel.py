@@ -52,8 +52,11 @@ def _berth_kernel():
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     CO_COROUTINE = 0x80
 
+    def frame(body):  # a 4-byte little-endian length, then the body
+        return len(body).to_bytes(4, "little") + body
+
     def send(body):
-        data = len(body).to_bytes(4, "little") + body
+        data = frame(body)
         while data:
             data = data[os.write(wfd, data):]
 
@@ -146,8 +149,7 @@ def _berth_kernel():
     # linecache, and the session's cells are numbered from 1.
     try:
         for code in (b"1", b"None"):
-            body = b"0" * 32 + code
-            pending.extend(len(body).to_bytes(4, "little") + body)
+            pending.extend(frame(b"0" * 32 + code))
             req = next_request()
             run_cell(req[32:].decode("utf-8", "surrogateescape"))
             end_cell(req[:32], (1,))
