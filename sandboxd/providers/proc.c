@@ -9,11 +9,11 @@
 #include <ev.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -34,15 +34,15 @@ static int lift(int fd)
     return h < 0 ? fd : h;
 }
 
-/* The child's side, between the clone and the exec.  It shares the daemon's memory
- * (CLONE_VM) while the daemon waits (CLONE_VFORK): it runs on its own stack, allocates
- * nothing, and first sets back to the default every handler the daemon installed, so
- * that no signal runs the daemon's handlers on the daemon's memory from here. */
 typedef struct spawn_ctx {
     const sbx_spawn *sp;
     pid_t parent;
 } spawn_ctx;
 
+/* The child's side, between the clone and the exec.  It shares the daemon's memory
+ * (CLONE_VM) while the daemon waits (CLONE_VFORK): it runs on its own stack, allocates
+ * nothing, and first sets back to the default every handler the daemon installed, so
+ * that no signal runs the daemon's handlers on the daemon's memory from here. */
 static _Noreturn int spawn_child(void *arg)
 {
     static const char *const empty_env[] = {NULL};
@@ -86,8 +86,9 @@ static _Noreturn int spawn_child(void *arg)
     char line[512];
     int n = snprintf(line, sizeof line, "sandboxd: cannot %s %s: %s\n", what, sp->argv[0],
                      strerrordesc_np(e) ? strerrordesc_np(e) : "unknown error");
-    if (n > 0 && write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
-        _exit(127);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    (void)!write(2, line, (size_t)n);
     _exit(127);
 }
 
