@@ -28,7 +28,8 @@
  * Prints turns/s, cells, lost, misclassified, p50/p99/max turn latency (client side:
  * request sent to the stream's end), and p50/p99 of the turns after each
  * conversation's first (which all start at once and open their sandboxes).  Bounded:
- * --time-limit (default 100 s) stops the run and reports it as failed.  Scale down with --conversations / --cells.
+ * --time-limit (default 100 s) stops the run and reports it as failed.  Scale down
+ * with --conversations / --cells.
  * BENCH_JSON=PATH also writes the figures there, with the latency distribution as a
  * histogram (bench/benchjson.h).
  */

@@ -1226,8 +1226,9 @@ static void sleep_ms(int ms)
 /* The WAL starts over even while the writer writes on (sqlite_checkpoint.h): the
  * thread's checkpoint copies what was committed while a write transaction is open,
  * and after that transaction's commit the writer copies the rest (lite_ckpt_finish:
- * the transaction's pages), so the write after it begins the WAL again.  Left to the thread, the write after the
- * commit would find that commit's pages not copied yet and append to the WAL. */
+ * the transaction's pages), so the write after it begins the WAL again.  Left to the
+ * thread, the write after the commit would find that commit's pages not copied yet
+ * and append to the WAL. */
 static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
 {
   fixture *f = *state;

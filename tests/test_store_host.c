@@ -70,6 +70,24 @@ static bool is_synced(ht *t, void *ud)
   return synced;
 }
 
+/* Waits until everything written before is committed. */
+static void sync_store(ht *t)
+{
+  synced = false;
+  berth_store_sync(the_store, on_sync, NULL);
+  assert_true(ht_wait(t, is_synced, NULL, 20));
+}
+
+/* The host, then its store, then the loop. */
+static void close_all(ht *t)
+{
+  berth_host_free(t->host);
+  t->host = NULL;
+  berth_store_free(the_store);
+  the_store = NULL;
+  ht_free(t);
+}
+
 static void run_with(const char *url)
 {
   ht t;
@@ -94,9 +112,7 @@ static void run_with(const char *url)
   for (int i = 0; i < N_CONVS; i++)
     berth_conv_suspend(convs[i]);
   assert_true(ht_wait_events(&t, "suspend", N_CONVS, 20));
-  synced = false;                /* after the suspends' own syncs */
-  berth_store_sync(the_store, on_sync, NULL);
-  assert_true(ht_wait(&t, is_synced, NULL, 20));
+  sync_store(&t);                /* after the suspends' own syncs */
   size_t idle = heap(&t);
   print_message("%s: Lua heap %zu KiB with %d conversations held, %zu KiB once suspended\n",
                 path, held / 1024, N_CONVS, idle / 1024);
@@ -115,9 +131,7 @@ static void run_with(const char *url)
   /* and what it stores now is the whole history (nothing rewritten from nothing) */
   char **texts = NULL;
   size_t n = 0;
-  synced = false;
-  berth_store_sync(the_store, on_sync, NULL);
-  assert_true(ht_wait(&t, is_synced, NULL, 20));
+  sync_store(&t);
   /* (the record is written at the turn's end; events are not needed here) */
   assert_null(berth_store_load_messages(the_store, berth_conv_store_id(convs[7]), &texts, &n)
               ? "x" : NULL);
@@ -128,11 +142,7 @@ static void run_with(const char *url)
 
   for (int i = 0; i < N_CONVS; i++)
     berth_conv_free(convs[i]);
-  berth_host_free(t.host);       /* the host, then its store, then the loop */
-  t.host = NULL;
-  berth_store_free(the_store);
-  the_store = NULL;
-  ht_free(&t);
+  close_all(&t);
 }
 
 static void test_suspended_ctx_leaves_the_heap_and_comes_back_sqlite(void **state)
@@ -181,9 +191,7 @@ static void test_a_stored_history_not_json_is_data_loss_both_ways_back(void **st
   assert_true(ht_wait_events(&t, "seen", 1, 20));
   berth_conv_suspend(c);
   assert_true(ht_wait_events(&t, "suspend", 1, 20));
-  synced = false;                /* after the suspend's own sync: its ctx left the heap */
-  berth_store_sync(the_store, on_sync, NULL);
-  assert_true(ht_wait(&t, is_synced, NULL, 20));
+  sync_store(&t);                /* after the suspend's own sync: its ctx left the heap */
   damage_messages(path);
 
   /* the unloaded ctx cannot come back: the turn fails with why, the hook never runs */
@@ -208,11 +216,7 @@ static void test_a_stored_history_not_json_is_data_loss_both_ways_back(void **st
   assert_null(c);
   berth_error_free(e);
 
-  berth_host_free(t.host);
-  t.host = NULL;
-  berth_store_free(the_store);
-  the_store = NULL;
-  ht_free(&t);
+  close_all(&t);
 }
 
 int main(void)
