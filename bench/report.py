@@ -18,7 +18,8 @@ curve.  This script then merges the fragments into bench/results.json:
 
 where a TABLE is {"x": {name, unit}, "columns": [{name, unit}], "rows": [[x, ...]]}, and
 draws the PNGs with gnuplot (bench/plots.gp) from data files it writes under
-BUILD/bench/plotdata.  Exits non-zero when a benchmark failed (after writing all).
+BUILD/bench/plotdata, and writes README.md's table of figures (bench/figures.py).
+Exits non-zero when a benchmark failed (after writing all).
 
   python3 bench/report.py [--build DIR] [--merge-only | --quick]
 
@@ -36,6 +37,8 @@ import re
 import subprocess
 import sys
 import time
+
+import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -347,6 +350,16 @@ def main():
                   json.dumps(results, indent=1))
     with open(os.path.join(dest, "results.json"), "w") as f:
         f.write(text + "\n")
+    if not QUICK:  # the README's table of figures is this run's (bench/figures.py)
+        readme = os.path.join(ROOT, "README.md")
+        with open(readme) as f:
+            text = f.read()
+        new = figures.splice(text, figures.table(results))
+        if new is None:
+            print("bench/report: README.md has no table markers; not written", file=sys.stderr)
+        elif new != text:
+            with open(readme, "w") as f:
+                f.write(new)
     print("bench/report: %s/results.json, %d plots in %s/plots (%s s)"
           % (os.path.relpath(dest, ROOT), len(results["plots"]), os.path.relpath(dest, ROOT),
              results["duration_s"]))
