@@ -10,6 +10,7 @@ Prints one line per failed check and cmocka-style summary lines; exits non-zero 
 failure.
 """
 import copy
+import fnmatch
 import json
 import os
 import sys
@@ -19,9 +20,16 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import figures  # noqa: E402
 
 PASSED, FAILED = [], []
+FILTER = os.environ.get("TEST_FILTER")  # a glob over test names, as in every suite
+
+
+def selected(name):
+    return not FILTER or fnmatch.fnmatchcase(name.split(":")[0], FILTER)
 
 
 def check(name, cond, detail=""):
+    if not selected(name):
+        return
     (PASSED if cond else FAILED).append(name)
     if not cond:
         print("FAIL %s %s" % (name, detail), flush=True)
