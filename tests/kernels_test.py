@@ -128,9 +128,10 @@ def test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_
         check(name + ": ready", ready == b"R" + k.token, ready)
         k.drop_output()  # the warm-up's (written before its ready)
         # Nothing reads stdout while the cell runs: its 4 KiB pipe fills, Python's
-        # buffer keeps what the pipe did not take, and the cell says how much stdout
-        # accepted.  The kernel must write that rest before its end mark, though the
-        # stream is non-blocking and the pipe still full when the cell ends.
+        # byte buffer keeps what the pipe did not take, its text wrapper more text,
+        # and the cell says how many bytes stdout accepted.  The kernel must write all
+        # of it before its end mark, though the stream is non-blocking and the pipe
+        # still full when the cell ends.
         fcntl_ok = True
         try:
             import fcntl
@@ -142,12 +143,13 @@ def test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_
         k.send(nonce, "import os, sys\nos.set_blocking(1, False)\n"
                       "try:\n    n = sys.stdout.buffer.write(b'x' * 20000)\n"
                       "except BlockingIOError as e:\n    n = e.characters_written\n"
+                      "sys.stdout.write('z' * 3000)\n"  # and text, not yet encoded
                       "sys.stderr.write('%d\\n' % n)\nsys.stderr.flush()\nNone")
         said = k.read_until("err", lambda b: b"\n" in b)
         accepted = int(said.split(b"\n")[0]) if said else -1
         check(name + ": some of it was left in the buffer", 4096 < accepted < 20000, said)
         out = k.until_mark("out", nonce)
-        check(name + ": all of it before the mark", out == b"x" * accepted,
+        check(name + ": all of it before the mark", out == b"x" * accepted + b"z" * 3000,
               None if out is None else "%d bytes" % len(out))
         err = k.until_mark("err", nonce)
         check(name + ": stderr", err == b"%d\n" % accepted, err)

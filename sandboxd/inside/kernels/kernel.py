@@ -82,27 +82,10 @@ def _berth_kernel():
             state["loop"] = asyncio.new_event_loop()
         return state["loop"].run_until_complete(coro)
 
-    # A cell may make its streams non-blocking; then a flush or an end mark meets a full
-    # pipe with BlockingIOError, and only then are the streams made blocking again (each
-    # system call costs about 0.1 ms under gVisor's ptrace platform: resetting both
-    # streams after every cell was 2 of its 7).
-    def blocking():
-        for fd in (1, 2):
-            try:
-                os.set_blocking(fd, True)
-            except OSError:
-                pass
-
     def flush():
         for s in (sys.stdout, sys.stderr, out0, err0):
             try:
                 s.flush()
-            except BlockingIOError:  # what the pipe did not take is still buffered
-                blocking()
-                try:
-                    s.flush()
-                except Exception:
-                    pass
             except Exception:
                 pass
 
@@ -144,19 +127,20 @@ def _berth_kernel():
             return b"1"
 
     def end_cell(nonce, fds):
+        for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
+            try:           # could leave output behind the end mark
+                os.set_blocking(fd, True)
+            except OSError:
+                pass
         flush()
         # The end mark on the streams, before the end reply: what a thread or a child
         # writes after it is output between cells, dropped by the daemon.
         mark = b"\x1f" + nonce + b"\x1e"
         for fd in fds:
-            for _ in range(2):
-                try:
-                    os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
-                    break
-                except BlockingIOError:
-                    blocking()  # then once more, waiting for the daemon to read
-                except OSError:
-                    break  # the cell closed it: the daemon takes what is queued
+            try:
+                os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
+            except OSError:
+                pass  # the cell closed it: the daemon takes what is queued
 
     # Two cells the whole way (frame, compile, eval, repr, flush, end mark) before
     # saying ready, so that a warm sandbox's first cell finds its path warm.  Their end
