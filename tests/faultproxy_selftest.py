@@ -27,16 +27,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "lib"))
 import faultproxy as fp  # noqa: E402
+from checks import check, finish  # noqa: E402
 
 SVC = "/plimsoll.v1.SandboxService/"
-PASSED, FAILED = [], []
-
-
-def check(name, cond, detail=""):
-    (PASSED if cond else FAILED).append(name)
-    if not cond:
-        print("FAIL %s %s" % (name, detail), flush=True)
 
 
 # ------------------------------------------------------------------------------------
@@ -754,12 +749,7 @@ def main():
         else:
             os.unlink(logpath)
         daemon.shutdown()
-    print("[  PASSED  ] %d test(s)." % len(PASSED))
-    if FAILED:
-        print("[  FAILED  ] %d test(s), listed below:" % len(FAILED))
-        for name in FAILED:
-            print("[  FAILED  ] " + name)
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

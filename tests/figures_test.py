@@ -10,30 +10,15 @@ Prints one line per failed check and cmocka-style summary lines; exits non-zero 
 failure.
 """
 import copy
-import fnmatch
 import json
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 import figures  # noqa: E402
-
-PASSED, FAILED = [], []
-FILTER = os.environ.get("TEST_FILTER")  # a glob over test names, as in every suite
-
-
-def selected(name):
-    return not FILTER or fnmatch.fnmatchcase(name.split(":")[0], FILTER)
-
-
-def check(name, cond, detail=""):
-    if not selected(name):
-        return
-    (PASSED if cond else FAILED).append(name)
-    if not cond:
-        print("FAIL %s %s" % (name, detail), flush=True)
-
+from checks import check, finish  # noqa: E402
 
 def row(results, what):
     """The table's row that starts with what, as its three cells."""
@@ -120,12 +105,7 @@ def main():
         check("test_row_has_figures: " + what, cells and not cells[1].startswith("not measured"),
               cells)
 
-    print("[  PASSED  ] %d test(s)." % len(PASSED))
-    if FAILED:
-        print("[  FAILED  ] %d test(s), listed below:" % len(FAILED))
-        for name in FAILED:
-            print("[  FAILED  ] " + name)
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ stdout and stderr on FIFOs.  Every wait is bounded (WAIT seconds) and on what th
 kernel writes.  Prints one line per failed check and cmocka-style summary lines; exits
 non-zero on any failure.
 """
-import fnmatch
 import os
 import select
 import struct
@@ -21,24 +20,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "sandboxd", "inside", "kernels")
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import check, finish, selected  # noqa: E402
 WAIT = 20.0
 F_SETPIPE_SZ = 1031
-PASSED, FAILED = [], []
-FILTER = os.environ.get("TEST_FILTER")  # a glob over test names, as in every suite
-
-
-def selected(name):
-    return not FILTER or fnmatch.fnmatchcase(name.split(":")[0], FILTER)
-
-
-def check(name, cond, detail=""):
-    if not selected(name):
-        return
-    (PASSED if cond else FAILED).append(name)
-    if not cond:
-        print("FAIL %s %s" % (name, detail), flush=True)
-
-
 class Kernel:
     """A kernel over four FIFOs in a temporary directory; self.fd[name] is this side's
     end of each (req, rep, out, err), opened read-write and non-blocking, as the daemon
@@ -195,12 +180,7 @@ def main():
             test()
         except Exception as e:  # a harness error fails the test, never the run
             check(test.__name__, False, repr(e))
-    print("[  PASSED  ] %d test(s)." % len(PASSED))
-    if FAILED:
-        print("[  FAILED  ] %d test(s), listed below:" % len(FAILED))
-        for n in FAILED:
-            print("[  FAILED  ] " + n)
-    return 1 if FAILED else 0
+    return finish()
 
 
 if __name__ == "__main__":
