@@ -38,6 +38,7 @@
 
 #include "plimsoll.h"
 #include "plimsoll_sandboxes.h"
+#include "sanitizer.h"
 #include "sbxproc.h"
 
 #define WAIT_MS 20000            /* a bound on every wait for the daemon */
@@ -825,14 +826,7 @@ static void test_D54_open_after_a_pool_refill_faults_in_no_copied_page(void **st
 {
     (void)state;
     need();
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED_BUILD 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED_BUILD 1
-#endif
-#endif
-#ifdef SANITIZED_BUILD
+#ifdef BUILT_WITH_ASAN
     print_message("skipped: under AddressSanitizer sandboxd starts sandboxes by fork\n");
     skip();
 #endif

@@ -4,6 +4,7 @@
  * coroutine.* replacements that keep the host's own yields out of user coroutines.
  */
 #include "runtime.h"
+#include "sanitizer.h"             /* lib/ */
 
 #include <ctype.h>
 #include <errno.h>
@@ -23,15 +24,7 @@
  * host's CPU at 100 000 conversations, README "Figures"), jemalloc's size classes
  * do not.  Lua always passes the block's size, so a free is jemalloc's sized one.
  * Under AddressSanitizer the heap stays on malloc, where the sanitizer checks it. */
-#if defined(__SANITIZE_ADDRESS__)
-#define LUA_HEAP_ON_MALLOC 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LUA_HEAP_ON_MALLOC 1
-#endif
-#endif
-
-#ifdef LUA_HEAP_ON_MALLOC
+#ifdef BUILT_WITH_ASAN
 static void heap_free(void *p, size_t size) { (void)size; free(p); }
 static void *heap_realloc(void *p, size_t n) { return realloc(p, n); }
 #else

@@ -3,6 +3,7 @@
  */
 #include "proc.h"
 
+#include "sanitizer.h" /* lib/ */
 #include "util.h"
 
 #include <errno.h>
@@ -98,12 +99,8 @@ static _Noreturn int spawn_child(void *arg)
 
 /* Under AddressSanitizer the child would run instrumented code and interceptors on
  * the daemon's own memory and shadow: there (make check-asan) it is forked. */
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(BUILT_WITH_ASAN) && !defined(SPAWN_BY_FORK)
 #define SPAWN_BY_FORK 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SPAWN_BY_FORK 1
-#endif
 #endif
 
 /* Not fork(): after a fork every page of the daemon is copy-on-write, and the first
