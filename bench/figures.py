@@ -201,9 +201,15 @@ def row_held(b):
                                [] if most >= 100000 and got >= 40000 else [num(got)])]
 
 
+def store_sizes(st):
+    """The conversation counts store_turns ran at, from its keys (memory_1000, ...)."""
+    return sorted({int(k.split("_")[1]) for k in st
+                   if "_" in k and k.split("_")[1].isdigit()})
+
+
 def row_store(b):
     st = get(b, "store_turns")
-    sizes = sorted(int(k.split("_")[1]) for k in st if k.startswith("memory_"))
+    sizes = store_sizes(st)
     at = lambda engine, what: [get(st, "%s_%d" % (engine, n), what) for n in sizes]  # noqa
     mem, sql, pg = at("memory", "rate_wall"), at("sqlite", "rate_wall"), at("postgresql",
                                                                           "rate_wall")
@@ -221,15 +227,14 @@ def row_store(b):
 
 def row_resumed(b):
     st = get(b, "store_turns")
+    sizes = store_sizes(st)
     parts, late = [], []
     for engine, name in (("sqlite", "sqlite"), ("postgresql", "PostgreSQL")):
-        keys = sorted((k for k in st if k.startswith(engine + "_")),
-                      key=lambda k: int(k.split("_")[1]))
+        keys = ["%s_%d" % (engine, n) for n in sizes]
         more = [(get(st, k, "resumed_message") - get(st, k, "warm_message"), k) for k in keys]
         parts.append("%s %s ms" % (name, " / ".join("+%s" % sig(m) for m, _ in more)))
         late += ["%s +%s ms" % (k, sig(m)) for m, k in more if m > 5]
-    n = sorted({int(k.split("_")[1]) for k in st if "_" in k and k.split("_")[1].isdigit()})
-    return ("%s at %s conversations" % (", ".join(parts), " / ".join(num(x) for x in n)),
+    return ("%s at %s conversations" % (", ".join(parts), " / ".join(num(x) for x in sizes)),
             [("≤ 5 ms more", late)])
 
 
@@ -319,6 +324,23 @@ def splice(text, block):
     return head + block + text[end:]
 
 
+def update(path, results, write):
+    """Compares the table in the file at path with the one results give, and writes it
+    there when write is true.  Returns "same", "changed" (written when write) or
+    "unmarked" (the file has no markers: nothing written)."""
+    with open(path) as f:
+        text = f.read()
+    new = splice(text, table(results))
+    if new is None:
+        return "unmarked"
+    if new == text:
+        return "same"
+    if write:
+        with open(path, "w") as f:
+            f.write(new)
+    return "changed"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results.json"))
@@ -327,28 +349,21 @@ def main():
     group.add_argument("--check", metavar="FILE")
     a = ap.parse_args()
     with open(a.results) as f:
-        block = table(json.load(f))
+        results = json.load(f)
     path = a.write or a.check
     if not path:
-        sys.stdout.write(block)
+        sys.stdout.write(table(results))
         return 0
-    with open(path) as f:
-        text = f.read()
-    new = splice(text, block)
-    if new is None:
+    status = update(path, results, write=bool(a.write))
+    if status == "unmarked":
         print("bench/figures: %s has no %r ... %r lines" % (path, MARK_BEGIN, MARK_END),
               file=sys.stderr)
         return 2
-    if a.check:
-        if new != text:
-            print("bench/figures: the table in %s is not the one %s gives; "
-                  "python3 bench/figures.py --write %s" % (path, a.results, path),
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        with open(path, "w") as f:
-            f.write(new)
+    if a.check and status == "changed":
+        print("bench/figures: the table in %s is not the one %s gives; "
+              "python3 bench/figures.py --write %s" % (path, a.results, path),
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -350,16 +350,10 @@ def main():
                   json.dumps(results, indent=1))
     with open(os.path.join(dest, "results.json"), "w") as f:
         f.write(text + "\n")
-    if not QUICK:  # the README's table of figures is this run's (bench/figures.py)
-        readme = os.path.join(ROOT, "README.md")
-        with open(readme) as f:
-            text = f.read()
-        new = figures.splice(text, figures.table(results))
-        if new is None:
-            print("bench/report: README.md has no table markers; not written", file=sys.stderr)
-        elif new != text:
-            with open(readme, "w") as f:
-                f.write(new)
+    # the README's table of figures is this run's (bench/figures.py)
+    if not QUICK and figures.update(os.path.join(ROOT, "README.md"), results,
+                                    write=True) == "unmarked":
+        print("bench/report: README.md has no table markers; not written", file=sys.stderr)
     print("bench/report: %s/results.json, %d plots in %s/plots (%s s)"
           % (os.path.relpath(dest, ROOT), len(results["plots"]), os.path.relpath(dest, ROOT),
              results["duration_s"]))
