@@ -59,6 +59,12 @@ def main():
           cells and "≤ 50 µs at 1 KiB: **not met** (61.0 µs)" in cells[2], cells)
     check("test_client_cpu_under_its_line_is_met",
           cells and "≤ 150 µs at 32 KiB: met" in cells[2], cells)
+    r["benchmarks"]["client"]["end_to_end_one_core"] = [
+        {"stdout": {"value": 1024, "unit": "B"}, "client_cpu": {"value": 28.0, "unit": "us/call"}}]
+    cells = row(r, "client CPU")
+    check("test_client_cpu_on_one_core_is_shown_and_decides_nothing",
+          cells and "on one core with sandboxd: 1 KiB 28.0 µs" in cells[1]
+          and "≤ 50 µs at 1 KiB: **not met** (61.0 µs)" in cells[2], cells)
 
     r = copy.deepcopy(results)
     at100 = [x for x in r["benchmarks"]["serve_load"]["runs"]
