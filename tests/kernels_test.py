@@ -171,9 +171,54 @@ def test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell():
             k.stop()
 
 
+def test_D28_python_last_value_repr_in_order_wherever_stdout_goes():
+    """The last expression's repr goes out with the stdout end mark in one write when it
+    can (sandboxd/inside/kernels/kernel.py show_value): after what the cell printed,
+    whole when longer than a pipe takes at once, to a sys.stdout the cell replaced, and
+    a stdout the cell closed fails the cell as print would."""
+    name = "test_D28_python_last_value_repr_in_order_wherever_stdout_goes"
+    k = Kernel("python")
+    try:
+        check(name + ": ready", k.reply() == b"R" + k.token)
+        k.drop_output()
+        cases = [
+            ("after output left unflushed", "print('a', end='')\n'\u00e9' * 2",
+             "a'\u00e9\u00e9'\n".encode(), b"", b"D0"),
+            ("longer than PIPE_BUF", "'q' * 9000", b"'" + b"q" * 9000 + b"'\n", b"", b"D0"),
+            ("a lone surrogate, as the stream encodes it", "'\\ud800'",
+             b"'\\ud800'\n", b"", b"D0"),
+            ("to a sys.stdout the cell replaced",
+             "import io, sys\nbox = io.StringIO()\nsys.stdout = box\n42", b"", b"", b"D0"),
+            ("put back, the replaced stream held it",
+             "sys.stdout = sys.__stdout__\nbox.getvalue()", b"'42\\n'\n", b"", b"D0"),
+            ("a forked child's copy, then the kernel's",
+             "import os\npid = os.fork()\nif pid == 0:\n    pass\nelse:\n"
+             "    os.waitpid(pid, 0)\n'x' if pid == 0 else 'y'", b"'x'\n'y'\n", b"", b"D0"),
+        ]
+        for i, (what, code, out_want, err_want, status) in enumerate(cases):
+            nonce = (b"%x" % (i + 1)) * 32
+            k.send(nonce, code)
+            out = k.until_mark("out", nonce)
+            err = k.until_mark("err", nonce)
+            check(name + ": " + what + ": stdout", out == out_want, out)
+            check(name + ": " + what + ": stderr", err == err_want, err)
+            check(name + ": " + what + ": reply", k.reply() == status + nonce + (
+                b"1" if "fork" in what else b"0"))
+        # Last: stdout closed by the cell (nothing after it can print).
+        nonce = b"f" * 32
+        k.send(nonce, "import os\nos.close(1)\n7")
+        err = k.until_mark("err", nonce)
+        check(name + ": a closed stdout: the cell's error", err is not None and b"OSError" in err,
+              err)
+        check(name + ": a closed stdout: reply", k.reply() == b"D1" + nonce + b"0")
+    finally:
+        k.stop()
+
+
 def main():
     for test in (test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark,
-                 test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell):
+                 test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell,
+                 test_D28_python_last_value_repr_in_order_wherever_stdout_goes):
         if not selected(test.__name__):
             continue
         try:

@@ -48,7 +48,8 @@ def _berth_kernel():
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     ns = main.__dict__
-    state = {"loop": None, "n": 0}
+    state = {"loop": None, "n": 0, "tail": b""}
+    PIPE_BUF = 4096  # POSIX's floor; Linux's pipes take this much whole
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     CO_COROUTINE = 0x80
 
@@ -100,6 +101,18 @@ def _berth_kernel():
         except Exception:
             pass
 
+    # The last expression's repr, when it may go out with the stdout end mark in one
+    # write (under gVisor's ptrace platform a system call costs about 0.1 ms): only while
+    # sys.stdout is the kernel's own stream, in a process that did not fork, and with
+    # the mark under PIPE_BUF (whole, never interleaved).  Encoded here as the stream
+    # would encode it, so an encoding error is the cell's, as print's would be.
+    def show_value(text):
+        data = (text + "\n").encode(out0.encoding, out0.errors or "strict")
+        if sys.stdout is out0 and not forked and len(data) + 34 <= PIPE_BUF:
+            state["tail"] = data
+        else:
+            print(text)
+
     def run_cell(code):
         state["n"] += 1
         name = "<cell %d>" % state["n"]
@@ -120,27 +133,33 @@ def _berth_kernel():
                     value = run_async(value)
                 if value is not None:
                     ns["_"] = value
-                    print(repr(value))
+                    show_value(repr(value))
             return b"0"
         except BaseException as e:  # SystemExit and KeyboardInterrupt end the cell too
             show_error(e)
             return b"1"
 
-    def end_cell(nonce, fds):
+    def end_cell(nonce, fds, status):
         for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
             try:           # could leave output behind the end mark
                 os.set_blocking(fd, True)
             except OSError:
                 pass
         flush()
+        tail, state["tail"] = state["tail"], b""
         # The end mark on the streams, before the end reply: what a thread or a child
         # writes after it is output between cells, dropped by the daemon.
         mark = b"\x1f" + nonce + b"\x1e"
         for fd in fds:
+            data = tail + mark if fd == 1 else mark
             try:
-                os.write(fd, mark)  # shorter than PIPE_BUF: whole, never interleaved
-            except OSError:
-                pass  # the cell closed it: the daemon takes what is queued
+                os.write(fd, data)  # shorter than PIPE_BUF: whole, never interleaved
+            except OSError as e:
+                if fd == 1 and tail:  # the repr was lost with it, as print would have
+                    show_error(e)     # failed: the cell's error
+                    status = b"1"
+                # else the cell closed it: the daemon takes what is queued
+        return status
 
     # Two cells the whole way (frame, compile, eval, repr, flush, end mark) before
     # saying ready, so that a warm sandbox's first cell finds its path warm.  Their end
@@ -151,8 +170,7 @@ def _berth_kernel():
         for code in (b"1", b"None"):
             pending.extend(frame(b"0" * 32 + code))
             req = next_request()
-            run_cell(req[32:].decode("utf-8", "surrogateescape"))
-            end_cell(req[:32], (1,))
+            end_cell(req[:32], (1,), run_cell(req[32:].decode("utf-8", "surrogateescape")))
     except Exception:
         pass
     state["n"] = 0
@@ -167,7 +185,7 @@ def _berth_kernel():
         status = run_cell(code)
         if forked:
             os._exit(0)  # a process the cell forked never goes on as the kernel
-        end_cell(nonce, (1, 2))
+        status = end_cell(nonce, (1, 2), status)
         send(b"D" + status + nonce + (b"1" if spawned[0] else b"0"))
 
 
