@@ -19,7 +19,8 @@
  * A third size (32 KiB) joins the two for the curve of cost against size that
  * BENCH_JSON=PATH writes (bench/benchjson.h) with the figures; the end-to-end curve
  * also has 4 KiB and 128 KiB.  `client --end-to-end N` runs only that call, N bytes
- * of code, 2 000 times (50 from 1 MiB): a profiler's workload.
+ * of code, 2 000 times (50 from 1 MiB), and `client --verify N` only the verification
+ * of an N-byte stdout: a profiler's workloads.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -241,6 +242,15 @@ int main(int argc, char **argv)
         size_t n = strtoul(argv[2], NULL, 10);
         json_t *rows = json_array();
         bench_end_to_end(rows, n, n >= (1u << 20) ? 50 : 2000, -1);
+        json_decref(rows);
+        return 0;
+    }
+    /* --verify N: only the verification of an N-byte stdout, for a profiler */
+    if (argc == 3 && strcmp(argv[1], "--verify") == 0) {
+        plm_global_init();
+        size_t n = strtoul(argv[2], NULL, 10);
+        json_t *rows = json_array();
+        bench_verify(rows, n, n >= (1u << 20) ? 200 : 20000);
         json_decref(rows);
         return 0;
     }
