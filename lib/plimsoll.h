@@ -321,7 +321,10 @@ struct plm_result {
     plm_record record;          /* the checked record */
     /* javascript and cell */
     plm_bytes stdout_bytes, stderr_bytes;
-    char *stdout_text, *stderr_text; /* UTF-8, ill-formed sequences as U+FFFD */
+    /* UTF-8, ill-formed sequences as U+FFFD.  Where the bytes are well-formed already,
+     * the text is the same memory as the bytes (no copy): both belong to the result,
+     * are read-only and go with plm_result_free; copy what must outlive it. */
+    char *stdout_text, *stderr_text;
     int32_t exit_code;
     bool timed_out, stdout_truncated, stderr_truncated;
     bool interpreter_started, interpreter_ended; /* cell only */

@@ -23,10 +23,12 @@ void plm_result_free(plm_result *r)
     free(r->software_identity);
     free(r->environment);
     record_clear(&r->record);
+    if (r->stdout_text != (char *)r->stdout_bytes.data) /* a lossy copy (text_of) */
+        free(r->stdout_text);
+    if (r->stderr_text != (char *)r->stderr_bytes.data)
+        free(r->stderr_text);
     free(r->stdout_bytes.data);
     free(r->stderr_bytes.data);
-    free(r->stdout_text);
-    free(r->stderr_text);
     free(r->outcome_detail);
     for (size_t i = 0; i < r->n_steps; i++) {
         free(r->steps[i].command);

@@ -372,6 +372,33 @@ static void test_W34_lossy_text(void **state)
     assert_int_equal(plm_base64_decode("a$==", 4, &out, &n), -1);
 }
 
+/* A stream's text is its bytes themselves when they are well-formed UTF-8 (no copy of
+ * the output), and a lossy copy of its own otherwise; plm_result_free frees each once
+ * (memcheck runs this in check-valgrind). */
+static void test_W34_result_text_is_the_bytes_when_well_formed_else_a_lossy_copy(void **state)
+{
+    (void)state;
+    json_error_t je;
+    json_t *resp = json_loads(
+        "{\"sandbox\": \"s\", \"isolation\": \"container\", \"softwareIdentity\": \"x\","
+        " \"environment\": \"\", \"durationMs\": \"1\", \"cell\": {\"exitCode\": 0,"
+        " \"timedOut\": false, \"stdout\": \"aMOpCg==\", \"stderr\": \"Yf9i\","
+        " \"stdoutTruncated\": false, \"stderrTruncated\": false}}", 0, &je);
+    assert_non_null(resp);
+    plm_result *r = NULL;
+    plm_error *e = plm_map_result(resp, NULL, &r);
+    assert_null(e);
+    assert_non_null(r);
+    assert_string_equal(r->stdout_text, "h\xc3\xa9\n");          /* "hé\n": well-formed */
+    assert_ptr_equal(r->stdout_text, (char *)r->stdout_bytes.data);
+    assert_string_equal(r->stderr_text, "a\xef\xbf\xbd" "b");    /* "a\xff" "b": U+FFFD */
+    assert_ptr_not_equal(r->stderr_text, (char *)r->stderr_bytes.data);
+    assert_int_equal(r->stderr_bytes.len, 3);
+    assert_int_equal(r->stderr_bytes.data[1], 0xff);               /* the bytes untouched */
+    plm_result_free(r);
+    json_decref(resp);
+}
+
 /* The decoder reads 32 characters at a time where the CPU can: every length around
  * the block edges decodes what OpenSSL encoded, in both alphabets, padded or not, and
  * one character outside both alphabets anywhere (inside a block or in the tail) makes
@@ -934,6 +961,7 @@ int main(void)
         cmocka_unit_test(test_E17_tier_order),
         cmocka_unit_test(test_S02_owner_digest_is_keyed_by_token),
         cmocka_unit_test(test_W34_lossy_text),
+        cmocka_unit_test(test_W34_result_text_is_the_bytes_when_well_formed_else_a_lossy_copy),
         cmocka_unit_test(test_W34_base64_decode_agrees_with_openssl_at_every_length_and_rejects_junk_anywhere),
         cmocka_unit_test(test_W25_W26_envelope_order_and_timeout_clamping),
         cmocka_unit_test(test_E03_refusal_reasons_all_mark_not_dispatched),
