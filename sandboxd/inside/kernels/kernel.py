@@ -50,6 +50,7 @@ def _berth_kernel():
     ns = main.__dict__
     state = {"loop": None, "n": 0, "tail": b""}
     PIPE_BUF = 4096  # POSIX's floor; Linux's pipes take this much whole
+    MARK_LEN = 34    # an end mark: 0x1f, the 32-character nonce, 0x1e
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     CO_COROUTINE = 0x80
 
@@ -107,11 +108,12 @@ def _berth_kernel():
     # the mark under PIPE_BUF (whole, never interleaved).  Encoded here as the stream
     # would encode it, so an encoding error is the cell's, as print's would be.
     def show_value(text):
-        data = (text + "\n").encode(out0.encoding, out0.errors or "strict")
-        if sys.stdout is out0 and not forked and len(data) + 34 <= PIPE_BUF:
-            state["tail"] = data
-        else:
-            print(text)
+        if sys.stdout is out0 and not forked:
+            data = (text + "\n").encode(out0.encoding, out0.errors or "strict")
+            if len(data) + MARK_LEN <= PIPE_BUF:
+                state["tail"] = data
+                return
+        print(text)
 
     def run_cell(code):
         state["n"] += 1
