@@ -112,16 +112,20 @@ def kib(size):
 
 
 def row_client(b):
-    runs = {get(r, "stdout"): get(r, "client_cpu") for r in get(b, "client", "end_to_end")}
-    text = ", ".join("%s %s" % (kib(s), us_or_ms(runs[s])) for s in sorted(runs))
+    def by_size(key):
+        return {get(r, "stdout"): get(r, "client_cpu") for r in get(b, "client", key)}
+
+    def sizes(cpu):
+        return ", ".join("%s %s" % (kib(s), us_or_ms(cpu[s])) for s in sorted(cpu))
+
+    runs = by_size("end_to_end")
+    text = sizes(runs)
     try:  # the client and sandboxd on one core (bench/client.c says why it differs)
-        one = {get(r, "stdout"): get(r, "client_cpu")
-               for r in get(b, "client", "end_to_end_one_core")}
+        one = by_size("end_to_end_one_core")
     except Missing:
         one = {}
     if one:
-        text += "; on one core with sandboxd: " + ", ".join(
-            "%s %s" % (kib(s), us_or_ms(one[s])) for s in sorted(one))
+        text += "; on one core with sandboxd: " + sizes(one)
     targets = []
     for size, limit in ((1024, 50), (32768, 150)):
         if size not in runs:
