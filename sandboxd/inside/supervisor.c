@@ -540,17 +540,37 @@ static void start_snippet(const unsigned char *pl, size_t len, bool step)
  * that limit, and no watch runs.) */
 #define MEMORY_WATCH_MS 50
 
-static unsigned long resident_kb(pid_t pid)
+/* Each kernel's statm is opened once and read again at offset 0, which makes procfs
+ * write it anew: one system call a check instead of four (open, stat, read, close).
+ * Under gVisor each is a ptrace stop, and an idle sandbox pays them every
+ * MEMORY_WATCH_MS (docs/performance.md).  A kernel's fd goes when it is reaped, so a
+ * new kernel with the old one's pid never reads the dead one's. */
+static int statm_fd[3] = {-1, -1, -1};
+
+static void forget_statm(int l)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/statm", (int)pid);
-    FILE *f = fopen(path, "re");
-    unsigned long size = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &resident) != 2)
-            resident = 0;
-        fclose(f);
+    if (statm_fd[l] >= 0)
+        close(statm_fd[l]);
+    statm_fd[l] = -1;
+}
+
+static unsigned long resident_kb(int l)
+{
+    if (statm_fd[l] < 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/statm", (int)kernel[l]);
+        statm_fd[l] = open(path, O_RDONLY | O_CLOEXEC);
+        if (statm_fd[l] < 0)
+            return 0;
     }
+    char text[128];
+    ssize_t n = pread(statm_fd[l], text, sizeof text - 1, 0);
+    unsigned long size = 0, resident = 0;
+    if (n <= 0)
+        return 0;
+    text[n] = '\0';
+    if (sscanf(text, "%lu %lu", &size, &resident) != 2)
+        return 0;
     return resident * (unsigned long)(sysconf(_SC_PAGESIZE) / 1024);
 }
 
@@ -563,7 +583,7 @@ static void watch_memory(void)
 {
     for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
         if (kernel[l] > 0 && !memory_killed[l] &&
-            resident_kb(kernel[l]) > (unsigned long)O.mem_mb * 1024) {
+            resident_kb(l) > (unsigned long)O.mem_mb * 1024) {
             memory_killed[l] = true;
             kill(-kernel[l], SIGKILL);
             kill(kernel[l], SIGKILL);
@@ -580,6 +600,7 @@ static void reap(void)
         for (int l = SUP_LANG_JS; l <= SUP_LANG_PY; l++)
             if (kernel[l] == pid) {
                 kernel[l] = 0;
+                forget_statm(l);
                 kill(-pid, SIGKILL); /* what it started goes with it */
                 char why[160];
                 snprintf(why, sizeof why, "out of memory: its resident memory passed the "
