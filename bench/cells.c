@@ -5,6 +5,7 @@
  *     reading the clock in its sandbox is no system call (gVisor's first second; see
  *     settle_clock);
  *   - open + first cell, cold (--pool 0) and from the warm pool;
+ *   - what the pool's members use of a core while they wait (idle_cpu);
  *   - the floor: the same trivial cell sent straight to the same kernel
  *     (sandboxd/inside/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
  *     with no daemon, no HTTP and no sandbox; and the ratios to it.
@@ -21,6 +22,7 @@
  * BENCH_WARM=N sets the warm samples per language (default 300).  BENCH_JSON=PATH also
  * writes every distribution there, samples and all (bench/benchjson.h).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdbool.h>
 #include <fcntl.h>
@@ -358,6 +360,86 @@ static void settle_clock(plm_session *s, json_t *out)
            (now_ms() - opened) / 1e3);
 }
 
+/* ---------------------------------------------------------------- idle sandboxes */
+
+#define IDLE_SECONDS 5.0
+#define MAX_TREE 4096
+
+/* The processes below `root` (and root): /proc read once, each process's parent taken
+ * from its stat line (after the command name's closing parenthesis). */
+static size_t process_tree(pid_t root, pid_t *out, size_t cap)
+{
+    static pid_t pid[MAX_TREE], parent[MAX_TREE];
+    size_t n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < MAX_TREE) {
+        char path[300], line[512];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t len = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        line[len] = '\0';
+        const char *close_paren = strrchr(line, ')');
+        int ppid;
+        if (close_paren && sscanf(close_paren + 2, "%*c %d", &ppid) == 1) {
+            pid[n] = (pid_t)atoi(e->d_name);
+            parent[n++] = (pid_t)ppid;
+        }
+    }
+    if (d)
+        closedir(d);
+    size_t k = 0;
+    out[k++] = root;
+    for (size_t at = 0; at < k; at++) /* breadth first: children of out[at] */
+        for (size_t i = 0; i < n && k < cap; i++)
+            if (parent[i] == out[at])
+                out[k++] = pid[i];
+    return k;
+}
+
+static double cpu_of(pid_t pid)
+{
+    clockid_t id;
+    struct timespec ts;
+    if (clock_getcpuclockid(pid, &id) != 0 || clock_gettime(id, &ts) != 0)
+        return -1;
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* What sandboxd and `members` idle pool members (their sandboxes, supervisors and
+ * started kernels) use of a core, in %, over IDLE_SECONDS: each process's CPU from the
+ * scheduler's count, for the processes there at both ends (none starts or ends while
+ * all idle).  Held sandboxes are what a host with many conversations pays for. */
+static void idle_cpu(json_t *out, const sbx_proc *d, size_t members)
+{
+    static pid_t tree[MAX_TREE];
+    static double before[MAX_TREE];
+    size_t n = process_tree(d->pid, tree, MAX_TREE);
+    for (size_t i = 0; i < n; i++)
+        before[i] = cpu_of(tree[i]);
+    struct timespec ts = {(time_t)IDLE_SECONDS, 0};
+    nanosleep(&ts, NULL);
+    double used = 0;
+    for (size_t i = 0; i < n; i++) {
+        double now = cpu_of(tree[i]);
+        if (before[i] >= 0 && now >= before[i])
+            used += now - before[i];
+    }
+    double pct = 100 * used / IDLE_SECONDS;
+    json_t *o = bj_obj(out, "idle");
+    bj_fig(o, "sandboxes", (double)members, "sandboxes");
+    bj_fig(o, "processes", (double)n, "processes");
+    bj_fig(o, "cpu", pct, "% of a core");
+    bj_fig(o, "cpu_per_sandbox", pct / (double)members, "% of a core");
+    printf("  idle: sandboxd and %zu pool members (%zu processes) %.3f %% of a core over "
+           "%.0f s, %.3f %% a sandbox\n", members, n, pct, IDLE_SECONDS, pct / (double)members);
+}
+
 /* A session from a full pool: waits (bounded, on the daemon's log) for `*ready` + POOL_SIZE
  * members to have become ready, so the open claims a warm sandbox. */
 static plm_session *pooled(const sbx_proc *d, plm_client *c, size_t *ready)
@@ -544,6 +626,12 @@ static void bench_provider(json_t *providers, const char *name, int warm)
                 pooled_open[l][i] = t1 - t0;
                 close_session(s);
             }
+        /* Then idle: the pool full again, the last member's start over (1 s). */
+        if (have_pool && wait_log(&d, "warm pool: sandbox", POOL_SIZE + ready - 1) == 0) {
+            struct timespec settle = {1, 0};
+            nanosleep(&settle, NULL);
+            idle_cpu(out, &d, POOL_SIZE);
+        }
         plm_client_free(c);
         sbx_stop(&d);
     }

@@ -168,10 +168,20 @@ def row_pooled(b):
         got += [("%s %s" % (name, lname), v) for (_, lname), v in zip(LANGUAGES, pair)]
     if not got:
         raise Missing("pooled_open_first")
+    idle = []  # what a member costs while it waits (bench/cells.c idle_cpu), when measured
+    for key, name in PROVIDERS[1:]:
+        try:
+            idle.append("%s %s" % (name, sig(get(cells, "providers", key, "idle",
+                                                 "cpu_per_sandbox"))))
+        except Missing:
+            continue
+    text = ", ".join(parts)
+    if idle:
+        text += "; an idle member uses %s %% of a core" % ", ".join(idle)
     targets = [("≤ %g ms each" % limit,
                 ["%s %s" % (what, sig(v)) for what, v in got if v > limit])
                for limit in (5, 2)]
-    return ", ".join(parts), targets
+    return text, targets
 
 
 def row_idle_memory(b):

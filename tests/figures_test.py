@@ -97,6 +97,19 @@ def main():
           cells and cells[2] == "≤ 5 ms each: met; ≤ 2 ms each: met", cells)
 
     r = copy.deepcopy(results)
+    for key, share in (("gvisor", 1.43), ("bwrap", 0.0012), ("process", 0.0)):
+        r["benchmarks"]["cells"]["providers"][key]["idle"] = {
+            "cpu_per_sandbox": {"value": share, "unit": "% of a core"}}
+    cells = row(r, "pooled open + first cell")
+    check("test_pooled_row_says_what_an_idle_member_uses",
+          cells and cells[1].endswith("; an idle member uses process 0, bwrap 0.0012, "
+                                      "gVisor 1.4 % of a core"), cells)
+    del r["benchmarks"]["cells"]["providers"]["bwrap"]["idle"]
+    cells = row(r, "pooled open + first cell")
+    check("test_pooled_row_names_only_the_idle_members_measured",
+          cells and "uses process 0, gVisor 1.4 % of a core" in cells[1], cells)
+
+    r = copy.deepcopy(results)
     del r["benchmarks"]["serve_load"]
     cells = row(r, "`berth serve`")
     check("test_a_benchmark_that_did_not_run_is_not_measured",
