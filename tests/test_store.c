@@ -1228,12 +1228,19 @@ static void sleep_ms(int ms)
  * and after that transaction's commit the writer copies the rest (lite_ckpt_finish:
  * the transaction's pages), so the write after it begins the WAL again.  Left to the
  * thread, the write after the commit would find that commit's pages not copied yet
- * and append to the WAL. */
-static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
+ * and append to the WAL.
+ *
+ * One attempt: 1 when the WAL started over, 0 when it grew, -1 when the thread's
+ * checkpoint lost its race with the transaction's start.  A PASSIVE checkpoint gives
+ * up the frames a reader's mark is being moved past, and BEGIN moves one: then it
+ * copies nothing new, the commit finds too much left to finish and wakes the thread
+ * again, which shows as a second checkpoint (seen about once in ten runs with /tmp
+ * a tmpfs; harmless in the store, whose WAL then starts over a cycle later). */
+static int wal_starts_over(const char *dir, int attempt)
 {
-  fixture *f = *state;
-  char path[160];
-  snprintf(path, sizeof path, "%s/ckpt.db", f->dir);
+  char path[200], wal[210];
+  snprintf(path, sizeof path, "%s/ckpt%d.db", dir, attempt);
+  snprintf(wal, sizeof wal, "%s-wal", path);
   sqlite3 *db;
   assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
   exec_ok(db, "PRAGMA journal_mode = WAL; CREATE TABLE t (x BLOB)");
@@ -1254,14 +1261,37 @@ static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
   lite_ckpt_finish(c, db);      /* as the store's writer does after each transaction */
   /* at once: the next write starts the WAL from its beginning, so the file does not
    * grow (appended, its pages would make it longer) */
-  char wal[200];
-  snprintf(wal, sizeof wal, "%s-wal", path);
   off_t before = file_size(wal);
   assert_true(before >= (off_t)LITE_CKPT_FRAMES * 4096);
   exec_ok(db, "INSERT INTO t VALUES (1)");
-  assert_int_equal(file_size(wal), before);
+  int verdict = file_size(wal) == before;
+  if (!verdict) {             /* the lost race, or a WAL that never starts over */
+    for (int i = 0; i < 3000 && lite_ckpt_made(c) < 2; i++)
+      sleep_ms(5);
+    if (lite_ckpt_made(c) >= 2)
+      verdict = -1;
+  }
   lite_ckpt_stop(c, db);
   sqlite3_close(db);
+  char shm[210];
+  snprintf(shm, sizeof shm, "%s-shm", path);
+  unlink(path);
+  unlink(wal);
+  unlink(shm);
+  return verdict;
+}
+
+static void test_sqlite_checkpoint_thread_starts_the_wal_over(void **state)
+{
+  fixture *f = *state;
+  int verdict = -1;
+  for (int attempt = 1; attempt <= 5 && verdict < 0; attempt++)
+    verdict = wal_starts_over(f->dir, attempt);
+  if (verdict < 0)
+    fail_msg("5 times the WAL grew and the thread was woken again: its checkpoint lost "
+             "the race with the transaction each time, or lite_ckpt_finish copied nothing");
+  if (verdict == 0)
+    fail_msg("the WAL grew: the write after lite_ckpt_finish did not start it over");
 }
 
 /* Answers are called at most BERTH_STORE_ANSWERS_PER_ITERATION per loop iteration,
