@@ -1,8 +1,8 @@
 /*
  * bench/benchhost.h — what the host benchmarks (turns_per_second, store_turns,
- * idle_memory) share: the clocks they read, a log that keeps only errors, and the
- * scripted model that answers every message with "ok" and runs no code, so a turn's
- * cost is the host's own.
+ * idle_memory) share: the clocks they read (benchclock.h), a log that keeps only
+ * errors, and the scripted model that answers every message with "ok" and runs no
+ * code, so a turn's cost is the host's own.
  *
  * Header only (static inline): each benchmark is one file, built by itself.
  */
@@ -11,28 +11,11 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "benchclock.h"
 #include "berth.h"
-
-/* Monotonic wall seconds. */
-static inline double bh_now(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* This process's CPU seconds, user and system. */
-static inline double bh_cpu(void)
-{
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 /* Removes a directory the benchmark made for its store (mkdtemp under /tmp), with what
  * the store left in it; says so on stderr, prefixed with `who`, when it cannot. */

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchclock.h"
 #include "benchjson.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
@@ -402,15 +403,6 @@ static size_t process_tree(pid_t root, pid_t *out, size_t cap)
     return k;
 }
 
-static double cpu_of(pid_t pid)
-{
-    clockid_t id;
-    struct timespec ts;
-    if (clock_getcpuclockid(pid, &id) != 0 || clock_gettime(id, &ts) != 0)
-        return -1;
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* What sandboxd and `members` idle pool members (their sandboxes, supervisors and
  * started kernels) use of a core, in %, over IDLE_SECONDS: each process's CPU from the
  * scheduler's count, for the processes there at both ends (none starts or ends while
@@ -421,13 +413,13 @@ static void idle_cpu(json_t *out, const sbx_proc *d, size_t members)
     static double before[MAX_TREE];
     size_t n = process_tree(d->pid, tree, MAX_TREE);
     for (size_t i = 0; i < n; i++)
-        before[i] = cpu_of(tree[i]);
+        before[i] = bh_cpu_of(tree[i]);
     struct timespec ts = {(time_t)IDLE_SECONDS, 0};
     nanosleep(&ts, NULL);
     double used = 0;
     for (size_t i = 0; i < n; i++) {
-        double now = cpu_of(tree[i]);
-        if (before[i] >= 0 && now >= before[i])
+        double now = bh_cpu_of(tree[i]);
+        if (now >= before[i])  /* false where either is NAN: gone */
             used += now - before[i];
     }
     double pct = 100 * used / IDLE_SECONDS;

@@ -45,6 +45,7 @@
 #include <ev.h>
 #include <jansson.h>
 
+#include "benchclock.h"
 #include "benchjson.h"
 #include "curl_ev.h"
 #include "sbxproc.h"
@@ -82,26 +83,6 @@ typedef struct run {
   bool timed_out, finished;
   char first_problem[512];
 } run;
-
-/* CPU seconds process pid has used so far, all its threads (those that have exited
- * too), from the scheduler's own count in nanoseconds: /proc/PID/stat's clock ticks
- * (10 ms) are a twentieth of a 100 x 10 run's server CPU, too coarse to tell two builds
- * apart.  NAN where the clock cannot be read (the process is gone). */
-static double proc_cpu(pid_t pid)
-{
-  clockid_t id;
-  struct timespec ts;
-  if (clock_getcpuclockid(pid, &id) != 0 || clock_gettime(id, &ts) != 0)
-    return NAN;
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double self_cpu(void)
-{
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void problem(run *r, const char *fmt, const char *a, const char *b)
 {
@@ -326,7 +307,7 @@ int main(int argc, char **argv)
   double opened = st_now() - t_open;
 
   double t0 = st_now();
-  double cpu0[3] = {proc_cpu(srv.pid), proc_cpu(sbx.pid), self_cpu()};
+  double cpu0[3] = {bh_cpu_of(srv.pid), bh_cpu_of(sbx.pid), bh_cpu_of(0)};
   r.deadline = t0 + limit;
   fill_and_maybe_end(&r);
   ev_timer_init(&r.stop, on_stop, limit + 30, 0.);
@@ -337,8 +318,8 @@ int main(int argc, char **argv)
   ev_timer_stop(r.loop, &r.stop);
   double wall = st_now() - t0;
   /* Where the CPU of the turns went: the server, the daemon, this load (per turn). */
-  double per_turn[3] = {proc_cpu(srv.pid) - cpu0[0], proc_cpu(sbx.pid) - cpu0[1],
-                        self_cpu() - cpu0[2]};
+  double per_turn[3] = {bh_cpu_of(srv.pid) - cpu0[0], bh_cpu_of(sbx.pid) - cpu0[1],
+                        bh_cpu_of(0) - cpu0[2]};
   for (int i = 0; i < 3; i++)
     per_turn[i] = r.done ? per_turn[i] * 1e6 / (double)r.done : 0;
   unsigned long long want = (unsigned long long)n * cells;
