@@ -215,10 +215,61 @@ def test_D28_python_last_value_repr_in_order_wherever_stdout_goes():
         k.stop()
 
 
+def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
+    """kernel.js's last value likewise goes out with the stdout end mark in one write when
+    it can (showValue): after what the cell printed, before what a promise callback of the
+    cell prints after it, whole when longer than a pipe takes at once, through a corked
+    stream, to a process.stdout the cell replaced, and said on stderr when the cell closed
+    stdout."""
+    name = "test_D28_javascript_last_value_in_order_wherever_stdout_goes"
+    k = Kernel("javascript")
+    try:
+        check(name + ": ready", k.reply() == b"R" + k.token)
+        k.drop_output()
+        cases = [
+            ("after output", "console.log('a'); '\u00e9'.repeat(2)",
+             "a\n'\u00e9\u00e9'\n".encode(), b"", b"D0"),
+            ("before a promise callback's output",
+             "Promise.resolve().then(() => console.log('x')); 5", b"5\nx\n", b"", b"D0"),
+            ("before a callback's output a few ticks later",
+             "(async () => { for (let i = 0; i < 3; i++) await null; console.log('y') })(); 6",
+             b"6\ny\n", b"", b"D0"),
+            ("longer than PIPE_BUF", "'q'.repeat(9000)", b"'" + b"q" * 9000 + b"'\n", b"",
+             b"D0"),
+            ("through a corked stream", "process.stdout.cork(); console.log('c'); 7",
+             b"c\n7\n", b"", b"D0"),
+            ("to a process.stdout the cell replaced",
+             "globalThis.real = process.stdout; globalThis.box = [];\n"
+             "Object.defineProperty(process, 'stdout', { configurable: true,\n"
+             "  get: () => ({ write: (s) => box.push(s) }) });\n42", b"", b"", b"D0"),
+            ("put back, the replaced stream held it",
+             "Object.defineProperty(process, 'stdout', { configurable: true, get: () => real });\n"
+             "box", b"[ '42\\n' ]\n", b"", b"D0"),
+        ]
+        for i, (what, code, out_want, err_want, status) in enumerate(cases):
+            nonce = (b"%x" % (i + 1)) * 32
+            k.send(nonce, code)
+            out = k.until_mark("out", nonce)
+            err = k.until_mark("err", nonce)
+            check(name + ": " + what + ": stdout", out == out_want, out)
+            check(name + ": " + what + ": stderr", err == err_want, err)
+            check(name + ": " + what + ": reply", k.reply() == status + nonce + b"0")
+        # Last: stdout closed by the cell (nothing after it can print).
+        nonce = b"f" * 32
+        k.send(nonce, "require('fs').closeSync(1); 8")
+        err = k.until_mark("err", nonce)
+        check(name + ": a closed stdout: said on stderr", err is not None and b"EBADF" in err,
+              err)
+        check(name + ": a closed stdout: reply", k.reply() == b"D0" + nonce + b"0")
+    finally:
+        k.stop()
+
+
 def main():
     for test in (test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark,
                  test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell,
-                 test_D28_python_last_value_repr_in_order_wherever_stdout_goes):
+                 test_D28_python_last_value_repr_in_order_wherever_stdout_goes,
+                 test_D28_javascript_last_value_in_order_wherever_stdout_goes):
         if not selected(test.__name__):
             continue
         try:
