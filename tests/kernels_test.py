@@ -147,6 +147,61 @@ def test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_
         k.stop()
 
 
+# Python that makes the kernel's stdout non-blocking, each way end_cell must notice
+# (kernel.py: unblock): then it makes the stream blocking again before it flushes.
+NON_BLOCKING_WAYS = [
+    ("fcntl.fcntl", "import fcntl\n"
+     "fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)\n"),
+    ("os.set_blocking on a dup", "os.set_blocking(os.dup(1), False)\n"),
+    ("a ctypes call", "import ctypes\nlibc = ctypes.CDLL(None)\n"
+     "libc.fcntl(1, 4, libc.fcntl(1, 3, 0) | os.O_NONBLOCK)\n"),  # F_SETFL, F_GETFL
+    ("a child", "import subprocess\nsubprocess.run([sys.executable, '-c', "
+     "'import os; os.set_blocking(1, False)'], check=True)\n"),
+]
+
+
+def test_D41_python_stdout_made_non_blocking_any_way_is_blocking_again_for_the_end():
+    """The D41 case with the flag set each other way, and by a child a cell started after
+    that cell ended: end_cell makes the stream blocking again from the first cell that
+    may have changed it on, so every byte precedes the end mark."""
+    name = "test_D41_python_stdout_made_non_blocking_any_way_is_blocking_again_for_the_end"
+    fill = ("try:\n    n = sys.stdout.buffer.write(b'x' * 20000)\n"
+            "except BlockingIOError as e:\n    n = e.characters_written\n"
+            "sys.stdout.write('z' * 3000)\n"
+            "sys.stderr.write('%d\\n' % n)\nsys.stderr.flush()\nNone")
+    later = ("import subprocess\ngo = os.path.abspath('go')\n"
+             "child = subprocess.Popen([sys.executable, '-c', 'import os, time\\n"
+             "while not os.path.exists(%r): time.sleep(0.005)\\n"
+             "os.set_blocking(1, False)' % go])\n")
+    for what, code in NON_BLOCKING_WAYS + [("a child, after its cell", None)]:
+        k = Kernel("python")
+        try:
+            check(name + ": " + what + ": ready", k.reply() == b"R" + k.token)
+            k.drop_output()
+            import fcntl
+            fcntl.fcntl(k.fd["out"], F_SETPIPE_SZ, 4096)
+            if code is None:  # the child sets the flag while the next cell runs
+                k.send(b"c" * 32, "import os, sys\n" + later)
+                check(name + ": " + what + ": started",
+                      k.reply() == b"D0" + b"c" * 32 + b"1")
+                k.drop_output()
+                code = "open('go', 'w').close()\nchild.wait()\n"
+            nonce = b"a" * 32
+            k.send(nonce, "import os, sys\n" + code + fill)
+            said = k.read_until("err", lambda b: b"\n" in b)
+            accepted = int(said.split(b"\n")[0]) if said and said[:1].isdigit() else -1
+            check(name + ": " + what + ": some of it was left in the buffer",
+                  4096 < accepted < 20000, said)
+            out = k.until_mark("out", nonce)
+            check(name + ": " + what + ": all of it before the mark",
+                  out == b"x" * accepted + b"z" * 3000,
+                  None if out is None else "%d bytes" % len(out))
+            k.until_mark("err", nonce)
+            check(name + ": " + what + ": the reply", k.reply()[:34] == b"D0" + nonce)
+        finally:
+            k.stop()
+
+
 def test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell():
     """Each kernel runs two cells before its ready (the JavaScript one through its own
     request FIFO): after ready, the first reply is the first cell's, and the cell finds
@@ -267,6 +322,7 @@ def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
 
 def main():
     for test in (test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark,
+                 test_D41_python_stdout_made_non_blocking_any_way_is_blocking_again_for_the_end,
                  test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell,
                  test_D28_python_last_value_repr_in_order_wherever_stdout_goes,
                  test_D28_javascript_last_value_in_order_wherever_stdout_goes):

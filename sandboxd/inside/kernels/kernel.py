@@ -31,11 +31,37 @@ def _berth_kernel():
                     "os.spawn", "subprocess.Popen", "pty.fork", "ctypes.call_function",
                     "ctypes.dlopen", "_posixsubprocess.fork_exec"}
 
+    # Whether end_cell must make the cell's streams blocking again before it flushes (a
+    # flush into a full non-blocking pipe loses what TextIOWrapper held): two system
+    # calls, each a ptrace stop under gVisor, so only once a cell may have changed the
+    # flag, and from then on for good.  A descriptor's flag is its open file
+    # description's, shared with every dup and every child: so os.set_blocking,
+    # fcntl.fcntl or fcntl.ioctl on any descriptor, and any process started or C called
+    # through ctypes (the spawn events; Node, for one, makes its stdout non-blocking),
+    # mark it.  os.set_blocking raises no audit event: it is wrapped.
+    unblock = [False]
+    flag_events = spawn_events | {"fcntl.fcntl", "fcntl.ioctl"}
+
     def audit(event, args):
-        if event in spawn_events:
-            spawned[0] = True
+        if event in flag_events:
+            unblock[0] = True
+            if event in spawn_events:
+                spawned[0] = True
 
     sys.addaudithook(audit)
+    set_blocking0 = os.set_blocking
+
+    def set_blocking(fd, blocking, /):
+        unblock[0] = True
+        return set_blocking0(fd, blocking)
+
+    set_blocking.__doc__ = set_blocking0.__doc__
+    os.set_blocking = set_blocking
+    for fd in (1, 2):  # as the supervisor opened them; made sure of once
+        try:
+            set_blocking0(fd, True)
+        except OSError:
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(encoding="utf-8", errors="backslashreplace",
@@ -142,9 +168,9 @@ def _berth_kernel():
             return b"1"
 
     def end_cell(nonce, fds, status):
-        for fd in (1, 2):  # a cell may have made them non-blocking: then a flush
-            try:           # could leave output behind the end mark
-                os.set_blocking(fd, True)
+        for fd in (1, 2) if unblock[0] else ():  # a cell may have made them
+            try:                                  # non-blocking: then a flush could
+                set_blocking0(fd, True)           # leave output behind the end mark
             except OSError:
                 pass
         flush()
