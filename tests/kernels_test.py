@@ -105,6 +105,31 @@ class Kernel:
             os.close(fd)
 
 
+def check_cells(k, name, cases):
+    """Runs each case (what, code, stdout, stderr, reply status) on kernel k in turn,
+    and checks the cell's stdout and stderr up to its end marks and its reply (which
+    says a process was started when `what` names a fork)."""
+    for i, (what, code, out_want, err_want, status) in enumerate(cases):
+        nonce = (b"%x" % (i + 1)) * 32
+        k.send(nonce, code)
+        out = k.until_mark("out", nonce)
+        err = k.until_mark("err", nonce)
+        check(name + ": " + what + ": stdout", out == out_want, out)
+        check(name + ": " + what + ": stderr", err == err_want, err)
+        check(name + ": " + what + ": reply", k.reply() == status + nonce + (
+            b"1" if "fork" in what else b"0"))
+
+
+def check_closed_stdout(k, name, code, word, status, what):
+    """Last on k: a cell that closes stdout and ends with a value, which can no longer
+    be printed: its stderr names `word` and its reply starts with `status`."""
+    nonce = b"f" * 32
+    k.send(nonce, code)
+    err = k.until_mark("err", nonce)
+    check(name + ": a closed stdout: " + what, err is not None and word in err, err)
+    check(name + ": a closed stdout: reply", k.reply() == status + nonce + b"0")
+
+
 def test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark():
     name = "test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark"
     k = Kernel("python")
@@ -250,22 +275,9 @@ def test_D28_python_last_value_repr_in_order_wherever_stdout_goes():
              "import os\npid = os.fork()\nif pid == 0:\n    pass\nelse:\n"
              "    os.waitpid(pid, 0)\n'x' if pid == 0 else 'y'", b"'x'\n'y'\n", b"", b"D0"),
         ]
-        for i, (what, code, out_want, err_want, status) in enumerate(cases):
-            nonce = (b"%x" % (i + 1)) * 32
-            k.send(nonce, code)
-            out = k.until_mark("out", nonce)
-            err = k.until_mark("err", nonce)
-            check(name + ": " + what + ": stdout", out == out_want, out)
-            check(name + ": " + what + ": stderr", err == err_want, err)
-            check(name + ": " + what + ": reply", k.reply() == status + nonce + (
-                b"1" if "fork" in what else b"0"))
-        # Last: stdout closed by the cell (nothing after it can print).
-        nonce = b"f" * 32
-        k.send(nonce, "import os\nos.close(1)\n7")
-        err = k.until_mark("err", nonce)
-        check(name + ": a closed stdout: the cell's error", err is not None and b"OSError" in err,
-              err)
-        check(name + ": a closed stdout: reply", k.reply() == b"D1" + nonce + b"0")
+        check_cells(k, name, cases)
+        check_closed_stdout(k, name, "import os\nos.close(1)\n7", b"OSError", b"D1",
+                            "the cell's error")
     finally:
         k.stop()
 
@@ -301,21 +313,9 @@ def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
              "Object.defineProperty(process, 'stdout', { configurable: true, get: () => real });\n"
              "box", b"[ '42\\n' ]\n", b"", b"D0"),
         ]
-        for i, (what, code, out_want, err_want, status) in enumerate(cases):
-            nonce = (b"%x" % (i + 1)) * 32
-            k.send(nonce, code)
-            out = k.until_mark("out", nonce)
-            err = k.until_mark("err", nonce)
-            check(name + ": " + what + ": stdout", out == out_want, out)
-            check(name + ": " + what + ": stderr", err == err_want, err)
-            check(name + ": " + what + ": reply", k.reply() == status + nonce + b"0")
-        # Last: stdout closed by the cell (nothing after it can print).
-        nonce = b"f" * 32
-        k.send(nonce, "require('fs').closeSync(1); 8")
-        err = k.until_mark("err", nonce)
-        check(name + ": a closed stdout: said on stderr", err is not None and b"EBADF" in err,
-              err)
-        check(name + ": a closed stdout: reply", k.reply() == b"D0" + nonce + b"0")
+        check_cells(k, name, cases)
+        check_closed_stdout(k, name, "require('fs').closeSync(1); 8", b"EBADF", b"D0",
+                            "said on stderr")
     finally:
         k.stop()
 
