@@ -76,16 +76,14 @@ static void put_cstr(enc *e, const char *name, const char *s)
 
 static void put_int(enc *e, const char *name, int64_t v)
 {
-    char b[24];
-    int n = snprintf(b, sizeof b, "%" PRId64, v);
-    put_field(e, name, b, (size_t)n);
+    char b[PLM_INT_TEXT];
+    put_field(e, name, b, plm_i64_text(b, v));
 }
 
 static void put_uint(enc *e, const char *name, uint64_t v)
 {
-    char b[24];
-    int n = snprintf(b, sizeof b, "%" PRIu64, v);
-    put_field(e, name, b, (size_t)n);
+    char b[PLM_INT_TEXT];
+    put_field(e, name, b, plm_u64_text(b, v));
 }
 
 static void put_bool(enc *e, const char *name, bool v)
@@ -419,17 +417,18 @@ static int64_t outcome_number(enc *e, const json_t *v)
     return 0;
 }
 
-static void stream_fields(enc *e, const json_t *r, const char *prefix)
+/* A run's or a project step's streams, under their canonical names (PREFIX "stdout"). */
+#define STREAM_NAMES(prefix) \
+    { prefix "stdout", prefix "stderr", prefix "stdout_truncated", prefix "stderr_truncated" }
+static const char *const run_streams[4] = STREAM_NAMES("");
+static const char *const step_streams[4] = STREAM_NAMES("step_");
+
+static void stream_fields(enc *e, const json_t *r, const char *const name[4])
 {
-    char f[64];
-    snprintf(f, sizeof f, "%sstdout", prefix);
-    jbytes(e, r, "stdout", f);
-    snprintf(f, sizeof f, "%sstderr", prefix);
-    jbytes(e, r, "stderr", f);
-    snprintf(f, sizeof f, "%sstdout_truncated", prefix);
-    put_bool(e, f, jbool(e, r, "stdoutTruncated", "stdout_truncated", "stdoutTruncated"));
-    snprintf(f, sizeof f, "%sstderr_truncated", prefix);
-    put_bool(e, f, jbool(e, r, "stderrTruncated", "stderr_truncated", "stderrTruncated"));
+    jbytes(e, r, "stdout", name[0]);
+    jbytes(e, r, "stderr", name[1]);
+    put_bool(e, name[2], jbool(e, r, "stdoutTruncated", "stdout_truncated", "stdoutTruncated"));
+    put_bool(e, name[3], jbool(e, r, "stderrTruncated", "stderr_truncated", "stderrTruncated"));
 }
 
 plm_error *plm_result_digest(const json_t *resp, plm_hex hex)
@@ -451,7 +450,7 @@ plm_error *plm_result_digest(const json_t *resp, plm_hex hex)
             put_cstr(&e, "kind", is_js ? "javascript" : "cell");
             put_int(&e, "exit_code", jint(&e, r, "exitCode", "exit_code", "exitCode"));
             put_bool(&e, "timed_out", jbool(&e, r, "timedOut", "timed_out", "timedOut"));
-            stream_fields(&e, r, "");
+            stream_fields(&e, r, run_streams);
             if (!is_js) {
                 put_bool(&e, "interpreter_started",
                          jbool(&e, r, "interpreterStarted", "interpreter_started", "interpreterStarted"));
@@ -475,7 +474,7 @@ plm_error *plm_result_digest(const json_t *resp, plm_hex hex)
             jstr(&e, s, "command", NULL, "step_command");
             put_int(&e, "step_exit_code", jint(&e, s, "exitCode", "exit_code", "step exitCode"));
             put_bool(&e, "step_timed_out", jbool(&e, s, "timedOut", "timed_out", "step timedOut"));
-            stream_fields(&e, s, "step_");
+            stream_fields(&e, s, step_streams);
         }
         const json_t *arts;
         n = jlist(&e, r, "artifacts", NULL, &arts);
@@ -536,15 +535,16 @@ plm_error *plm_result_digest_mapped(const plm_result *r, plm_hex hex)
 plm_error *plm_record_digest(const plm_record *r, plm_hex hex)
 {
     enc e;
-    char domain[48];
+    static const char *const domain[4] = {
+        NULL, "plimsoll.run-record.v1", "plimsoll.run-record.v2", "plimsoll.run-record.v3",
+    };
     if (!r || !hex)
         return null_arg(r ? "the digest's output" : "the record");
     if (r->version < 1 || r->version > 3)
         return plm_err_new(PLM_DATA_LOSS, PLM_REFUSAL_NONE,
                            "plimsoll: the record's version %u is not 1, 2 or 3",
                            r ? r->version : 0);
-    snprintf(domain, sizeof domain, "plimsoll.run-record.v%u", r->version);
-    if (!enc_begin(&e, domain))
+    if (!enc_begin(&e, domain[r->version]))
         return plm_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "plimsoll: SHA-256 unavailable");
     put_cstr(&e, "request_sha256", r->request_sha256);
     put_cstr(&e, "result_sha256", r->result_sha256);

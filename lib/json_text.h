@@ -27,6 +27,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +66,14 @@ void plm_json_put_raw(plm_json_out *o, const char *s, size_t n);
 /* A string as a JSON string; s must be well-formed UTF-8 (copied, not checked). */
 void plm_json_put_string(plm_json_out *o, const char *s, size_t n);
 void plm_json_put_integer(plm_json_out *o, json_int_t i);
+
+/* An integer as decimal text, as printf's %" PRIu64 "/%" PRId64 " writes it (decimal.c):
+ * into out (PLM_INT_TEXT bytes: 20 digits, a sign and the NUL), NUL-terminated; returns
+ * its length.  For the writer and the digests' canonical form, which write integers on
+ * every call: snprintf costs ten times as much. */
+#define PLM_INT_TEXT 22
+size_t plm_u64_text(char *out, uint64_t v);
+size_t plm_i64_text(char *out, int64_t v);
 
 #ifdef __cplusplus
 }

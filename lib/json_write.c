@@ -199,9 +199,8 @@ void plm_json_put_string(plm_json_out *o, const char *s, size_t n)
 
 void plm_json_put_integer(plm_json_out *o, json_int_t i)
 {
-    char num[32];
-    int k = snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, i);
-    put(o, num, (size_t)k);
+    char num[PLM_INT_TEXT];
+    put(o, num, plm_i64_text(num, (int64_t)i));
 }
 
 char *plm_json_write(const json_t *v, size_t *len)

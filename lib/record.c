@@ -64,26 +64,26 @@ plm_record *plm_record_from_json(const json_t *obj, plm_error **err)
         *err = plm_err_new(PLM_INTERNAL, PLM_REFUSAL_NONE, "plimsoll: out of memory");
         return NULL;
     }
-    static const struct { const char *camel, *snake; size_t off; } strs[] = {
-        {"requestSha256", "request_sha256", offsetof(plm_record, request_sha256)},
-        {"resultSha256", "result_sha256", offsetof(plm_record, result_sha256)},
-        {"provider", NULL, offsetof(plm_record, provider)},
-        {"isolation", NULL, offsetof(plm_record, isolation)},
-        {"environment", NULL, offsetof(plm_record, environment)},
-        {"policy", NULL, offsetof(plm_record, policy)},
-        {"session", NULL, offsetof(plm_record, session)},
-        {"previousSha256", "previous_sha256", offsetof(plm_record, previous_sha256)},
-        {"recordSha256", "record_sha256", offsetof(plm_record, record_sha256)},
-        {"softwareIdentity", "software_identity", offsetof(plm_record, software_identity)},
-        {"softwareRuleId", "software_rule_id", offsetof(plm_record, software_rule_id)},
-        {"unanswered", NULL, offsetof(plm_record, unanswered)},
+    /* (each label is its error's, a literal: a record that checks formats nothing) */
+#define STR(camel, snake, field) {camel, snake, "the record's " camel, offsetof(plm_record, field)}
+    static const struct { const char *camel, *snake, *what; size_t off; } strs[] = {
+        STR("requestSha256", "request_sha256", request_sha256),
+        STR("resultSha256", "result_sha256", result_sha256),
+        STR("provider", NULL, provider),
+        STR("isolation", NULL, isolation),
+        STR("environment", NULL, environment),
+        STR("policy", NULL, policy),
+        STR("session", NULL, session),
+        STR("previousSha256", "previous_sha256", previous_sha256),
+        STR("recordSha256", "record_sha256", record_sha256),
+        STR("softwareIdentity", "software_identity", software_identity),
+        STR("softwareRuleId", "software_rule_id", software_rule_id),
+        STR("unanswered", NULL, unanswered),
     };
+#undef STR
     for (size_t i = 0; i < PLM_ARRAY_LEN(strs); i++) {
         const char *s;
-        char *what = plm_printf("the record's %s", strs[i].camel);
-        int rc = plm_jstring(plm_jget(obj, strs[i].camel, strs[i].snake), what, &s, err);
-        free(what);
-        if (rc < 0)
+        if (plm_jstring(plm_jget(obj, strs[i].camel, strs[i].snake), strs[i].what, &s, err) < 0)
             goto fail;
         char **slot = (char **)((char *)r + strs[i].off);
         *slot = strdup(s);
@@ -116,11 +116,9 @@ static void set_str(json_t *o, const char *name, const char *v)
 
 static void set_i64(json_t *o, const char *name, int64_t v)
 {
-    if (v) {
-        char *s = plm_printf("%lld", (long long)v);
+    char s[PLM_INT_TEXT];
+    if (v && plm_i64_text(s, v))
         json_object_set_new(o, name, json_string(s));
-        free(s);
-    }
 }
 
 json_t *plm_record_to_json(const plm_record *r)
@@ -141,11 +139,9 @@ json_t *plm_record_to_json(const plm_record *r)
     set_i64(o, "startedUnixMs", r->started_unix_ms);
     set_i64(o, "endedUnixMs", r->ended_unix_ms);
     set_str(o, "session", r->session);
-    if (r->sequence) {
-        char *s = plm_printf("%llu", (unsigned long long)r->sequence);
-        json_object_set_new(o, "sequence", json_string(s));
-        free(s);
-    }
+    char seq[PLM_INT_TEXT];
+    if (r->sequence && plm_u64_text(seq, r->sequence))
+        json_object_set_new(o, "sequence", json_string(seq));
     set_str(o, "previousSha256", r->previous_sha256);
     set_str(o, "recordSha256", r->record_sha256);
     set_str(o, "softwareIdentity", r->software_identity);

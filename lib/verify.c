@@ -213,12 +213,12 @@ plm_check plm_verify_mapped(const json_t *req, const json_t *resp, const plm_res
     } else {
         plm_kind first;
         int n = plm_result_kinds(resp, &first);
-        char count[16];
-        snprintf(count, sizeof count, "%d", n);
-        if (n > 1)
+        if (n > 1) {
+            char count[16];
+            snprintf(count, sizeof count, "%d", n);
             c = fail(err, PLM_CHECK_RESULT_COUNT, "the answer holds %s results; a run has one%s",
                      count, "");
-        else if (first != plm_request_kind(req))
+        } else if (first != plm_request_kind(req))
             c = fail(err, PLM_CHECK_KIND, "the daemon's result is not of the request's kind%s%s",
                      "", "");
         else if (*floor && !plm_meets(json_string_value(plm_jget(resp, "isolation", NULL)), floor))

@@ -8,6 +8,7 @@
  * put to both and the answers compared; tests/fuzz/fuzz_json.c does the same with
  * arbitrary bytes.
  */
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -207,6 +208,45 @@ static void test_W01_request_body_is_json_dumps_byte_for_byte(void **state)
     free(code);
 }
 
+/* One integer both ways: the text and its length are printf's. */
+static void same_decimal_as_printf(uint64_t u)
+{
+    char want[32], got[PLM_INT_TEXT + 8];
+    memset(got, '#', sizeof got);
+    int n = snprintf(want, sizeof want, "%" PRIu64, u);
+    assert_int_equal(plm_u64_text(got, u), (size_t)n);
+    assert_string_equal(got, want);
+    int64_t v = (int64_t)u;
+    memset(got, '#', sizeof got);
+    n = snprintf(want, sizeof want, "%" PRId64, v);
+    assert_int_equal(plm_i64_text(got, v), (size_t)n);
+    assert_string_equal(got, want);
+    assert_true((size_t)n < PLM_INT_TEXT);
+}
+
+/* The writer's integers (and the digests' canonical ones, lib/digest.c) are printf's
+ * decimal text: every power of ten and its neighbours, both ends of both ranges, and
+ * pseudo-random values of every magnitude. */
+static void test_W01_integers_are_printf_s_decimal_text(void **state)
+{
+    (void)state;
+    uint64_t p = 1;
+    for (int i = 0; i < 20; i++, p *= 10)
+        for (int d = -2; d <= 2; d++)
+            same_decimal_as_printf(p + (uint64_t)(int64_t)d);
+    const uint64_t ends[] = {0, 1, 9, UINT64_MAX, UINT64_MAX - 1, (uint64_t)INT64_MAX,
+                             (uint64_t)INT64_MIN, (uint64_t)INT64_MIN + 1};
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++)
+        same_decimal_as_printf(ends[i]);
+    uint64_t x = 0x9e3779b97f4a7c15u;          /* xorshift64 */
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        same_decimal_as_printf(x >> (x % 64));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -214,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_W21_nesting_depth_is_janssons),
         cmocka_unit_test(test_W21_large_answers_read_as_jansson_reads_them),
         cmocka_unit_test(test_W01_request_body_is_json_dumps_byte_for_byte),
+        cmocka_unit_test(test_W01_integers_are_printf_s_decimal_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
