@@ -66,6 +66,9 @@ void plm_json_put_raw(plm_json_out *o, const char *s, size_t n);
 /* A string as a JSON string; s must be well-formed UTF-8 (copied, not checked). */
 void plm_json_put_string(plm_json_out *o, const char *s, size_t n);
 void plm_json_put_integer(plm_json_out *o, json_int_t i);
+/* A real as json_dumps writes a json_real (17 significant digits); x must be finite,
+ * as json_real requires. */
+void plm_json_put_real(plm_json_out *o, double x);
 
 /* An integer as decimal text, as printf's %" PRIu64 "/%" PRId64 " writes it (decimal.c):
  * into out (PLM_INT_TEXT bytes: 20 digits, a sign and the NUL), NUL-terminated; returns

@@ -25,6 +25,7 @@
 #include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
+#include <locale.h>
 #endif
 
 #define MAX_DEPTH 2048
@@ -166,15 +167,9 @@ static void put_value(out *o, const json_t *v, int depth)
     case JSON_INTEGER:
         plm_json_put_integer(o, json_integer_value(v));
         return;
-    case JSON_REAL: {
-        char *text = json_dumps(v, JSON_ENCODE_ANY);
-        if (!text)
-            o->failed = true;
-        else
-            put(o, text, strlen(text));
-        free(text);
+    case JSON_REAL:
+        plm_json_put_real(o, json_real_value(v));
         return;
-    }
     case JSON_TRUE:
         put(o, "true", 4);
         return;
@@ -201,6 +196,40 @@ void plm_json_put_integer(plm_json_out *o, json_int_t i)
 {
     char num[PLM_INT_TEXT];
     put(o, num, plm_i64_text(num, (int64_t)i));
+}
+
+/* jansson's jsonp_dtostr at its default precision, so that the bytes are json_dumps's
+ * (json_dumps itself costs a buffer and a copy a number): "%.17g", the locale's decimal
+ * point made '.', ".0" after a number that would read back as an integer, and the
+ * exponent without its '+' or leading zeros. */
+void plm_json_put_real(plm_json_out *o, double x)
+{
+    char b[48];
+    int n = snprintf(b, sizeof b, "%.17g", x);
+    if (n <= 0 || (size_t)n + 3 > sizeof b) {
+        o->failed = true;
+        return;
+    }
+    const char *point = localeconv()->decimal_point;
+    char *at;
+    if (*point != '.' && (at = strchr(b, *point)))
+        *at = '.';
+    if (!strchr(b, '.') && !strchr(b, 'e')) {
+        memcpy(b + n, ".0", 3);
+        n += 2;
+    }
+    if ((at = strchr(b, 'e'))) {
+        char *start = at + 1, *end = start + 1;
+        if (*start == '-')
+            start++;
+        while (*end == '0')
+            end++;
+        if (end != start) {
+            memmove(start, end, (size_t)(b + n - end) + 1);
+            n -= (int)(end - start);
+        }
+    }
+    put(o, b, (size_t)n);
 }
 
 char *plm_json_write(const json_t *v, size_t *len)

@@ -8,7 +8,9 @@
  * put to both and the answers compared; tests/fuzz/fuzz_json.c does the same with
  * arbitrary bytes.
  */
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -208,6 +210,45 @@ static void test_W01_request_body_is_json_dumps_byte_for_byte(void **state)
     free(code);
 }
 
+/* The writer's reals are json_dumps's (lib/json_write.c plm_json_put_real): every
+ * power of ten from 1e-320 to 1e308 and its neighbours, both signs and both zeros, the
+ * largest and smallest doubles, and finite doubles of pseudo-random bits. */
+static void test_W01_reals_are_json_dumps_s(void **state)
+{
+    (void)state;
+    for (int e = -320; e <= 308; e++) {
+        char text[32];
+        snprintf(text, sizeof text, "1e%d", e);
+        double p = strtod(text, NULL);
+        const double near[] = {p, -p, nextafter(p, 0), nextafter(p, INFINITY), p * 1.5, p / 3};
+        for (size_t i = 0; i < sizeof near / sizeof *near; i++) {
+            json_t *v = json_real(near[i]);
+            same_text_as_jansson(v);
+            json_decref(v);
+        }
+    }
+    const double ends[] = {0.0, -0.0, DBL_MAX, -DBL_MAX, DBL_MIN, 5e-324, 0.1, 1e16, 1e17,
+                           9007199254740993.0, 123456789.125, 1.0 / 3};
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        json_t *v = json_real(ends[i]);
+        same_text_as_jansson(v);
+        json_decref(v);
+    }
+    uint64_t x = 0x2545f4914f6cdd1du;          /* xorshift64 */
+    for (int i = 0; i < 100000; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        double d;
+        memcpy(&d, &x, sizeof d);
+        if (!isfinite(d))
+            continue;
+        json_t *v = json_real(d);
+        same_text_as_jansson(v);
+        json_decref(v);
+    }
+}
+
 /* One integer both ways: the text and its length are printf's. */
 static void same_decimal_as_printf(uint64_t u)
 {
@@ -255,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_W21_large_answers_read_as_jansson_reads_them),
         cmocka_unit_test(test_W01_request_body_is_json_dumps_byte_for_byte),
         cmocka_unit_test(test_W01_integers_are_printf_s_decimal_text),
+        cmocka_unit_test(test_W01_reals_are_json_dumps_s),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -508,9 +508,10 @@ json_t *berth_json_check(lua_State *L, int idx)
 /* json.encode and the store (every message and state a turn stores) write a plain
  * value's text straight from its tables: building the jansson tree, writing it and
  * freeing it cost about 5 700 instructions a message.  Only a value the tree path
- * would write without complaint is written here, in the same bytes: at a real (its
- * formatting is jansson's), a metatable other than the two markers (it may order
- * keys), a string or key that is not well-formed UTF-8 (made well-formed there), an
+ * would write without complaint is written here, in the same bytes (a real as
+ * plm_json_put_real writes it, which is jansson's form): at a NaN or an infinity, a
+ * metatable other than the two markers (it may order keys), a string or key that is
+ * not well-formed UTF-8 (made well-formed there), an
  * object of more than SMALL_OBJECT keys, or anything the tree path refuses, the walk
  * gives up and the tree path does the whole value, errors included.  So the rules
  * stay in one place.  Nothing here raises or runs Lua code: raw accesses only, the
@@ -615,9 +616,14 @@ static bool text_value(lua_State *L, const twalk *w, int idx, int depth)
         plm_json_put_raw(w->o, "false", 5);
       return true;
     case LUA_TNUMBER:
-      if (!lua_isinteger(L, idx))
-        return false;
-      plm_json_put_integer(w->o, (json_int_t)lua_tointeger(L, idx));
+      if (lua_isinteger(L, idx)) {
+        plm_json_put_integer(w->o, (json_int_t)lua_tointeger(L, idx));
+      } else {
+        lua_Number x = lua_tonumber(L, idx);
+        if (isnan(x) || isinf(x))
+          return false;             /* the tree path raises */
+        plm_json_put_real(w->o, (double)x);
+      }
       return true;
     case LUA_TSTRING: {
       size_t len;
