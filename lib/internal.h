@@ -29,8 +29,7 @@ char *plm_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Lenient decode: standard or URL-safe alphabet, padding optional.  Returns 0 and a
  * malloc'd buffer (NUL-terminated, *len excludes it) or -1 when the text is not base64. */
 int plm_base64_decode(const char *text, size_t text_len, unsigned char **out, size_t *len);
-/* Standard alphabet; `padded` false drops the '=' (Connect error details). */
-char *plm_base64_encode(const unsigned char *data, size_t len, bool padded);
+/* (the encoder, plm_base64_encode, is json_text.h's: sandboxd writes bytes too) */
 
 /* ---- JSON readers (json.c).  proto3 JSON: absent or null is the zero value; names
  * are looked up in lowerCamelCase, then snake_case.  On a wrong type each returns -1

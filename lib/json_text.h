@@ -70,6 +70,11 @@ void plm_json_put_integer(plm_json_out *o, json_int_t i);
  * as json_real requires. */
 void plm_json_put_real(plm_json_out *o, double x);
 
+/* Bytes as proto3 JSON writes them (base64.c): the standard alphabet, malloc'd and
+ * NUL-terminated; `padded` false drops the '=' (Connect error details).  NULL when
+ * memory ran out. */
+char *plm_base64_encode(const unsigned char *data, size_t len, bool padded);
+
 /* An integer as decimal text, as printf's %" PRIu64 "/%" PRId64 " writes it (decimal.c):
  * into out (PLM_INT_TEXT bytes: 20 digits, a sign and the NUL), NUL-terminated; returns
  * its length.  For the writer and the digests' canonical form, which write integers on

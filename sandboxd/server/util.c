@@ -3,9 +3,9 @@
  */
 #include "util.h"
 #include "plimsoll.h"
+#include "json_text.h" /* lib/: plm_base64_encode */
 #include "random.h" /* lib/ */
 
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,16 +88,9 @@ bool sbx_random_hex(size_t n, char *out)
 
 char *sbx_base64(const unsigned char *data, size_t len, bool padded)
 {
-    /* EVP_EncodeBlock takes an int length; bodies are capped far below INT_MAX. */
-    size_t cap = 4 * ((len + 2) / 3) + 1;
-    char *out = sbx_xmalloc(cap);
-    int n = EVP_EncodeBlock((unsigned char *)out, data, (int)len);
-    if (n < 0)
-        n = 0;
-    out[n] = '\0';
-    if (!padded)
-        while (n > 0 && out[n - 1] == '=')
-            out[--n] = '\0';
+    char *out = plm_base64_encode(data, len, padded);  /* the wire's one encoder */
+    if (!out)
+        out_of_memory();
     return out;
 }
 
