@@ -7,7 +7,6 @@
  */
 #include "internal.h"
 
-#include <inttypes.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>

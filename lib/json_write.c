@@ -19,13 +19,13 @@
  */
 #include "json_text.h"
 
+#include <locale.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
-#include <locale.h>
 #endif
 
 #define MAX_DEPTH 2048

@@ -116,9 +116,11 @@ static void set_str(json_t *o, const char *name, const char *v)
 
 static void set_i64(json_t *o, const char *name, int64_t v)
 {
-    char s[PLM_INT_TEXT];
-    if (v && plm_i64_text(s, v))
+    if (v) {
+        char s[PLM_INT_TEXT];
+        plm_i64_text(s, v);
         json_object_set_new(o, name, json_string(s));
+    }
 }
 
 json_t *plm_record_to_json(const plm_record *r)
@@ -139,9 +141,11 @@ json_t *plm_record_to_json(const plm_record *r)
     set_i64(o, "startedUnixMs", r->started_unix_ms);
     set_i64(o, "endedUnixMs", r->ended_unix_ms);
     set_str(o, "session", r->session);
-    char seq[PLM_INT_TEXT];
-    if (r->sequence && plm_u64_text(seq, r->sequence))
+    if (r->sequence) {
+        char seq[PLM_INT_TEXT];
+        plm_u64_text(seq, r->sequence);
         json_object_set_new(o, "sequence", json_string(seq));
+    }
     set_str(o, "previousSha256", r->previous_sha256);
     set_str(o, "recordSha256", r->record_sha256);
     set_str(o, "softwareIdentity", r->software_identity);
