@@ -282,6 +282,40 @@ def test_D28_python_last_value_repr_in_order_wherever_stdout_goes():
         k.stop()
 
 
+def test_D41_python_each_stream_flushed_once_before_the_end_marks():
+    """A cell's text still buffered in any of its streams comes before the end marks, and
+    a stream that is both sys.stdout and sys.stderr is flushed once, not twice
+    (kernel.py flush: every flush of a buffered stream reads the clock in Python 3.11,
+    a system call in a young gVisor sandbox)."""
+    name = "test_D41_python_each_stream_flushed_once_before_the_end_marks"
+    k = Kernel("python")
+    try:
+        check(name + ": ready", k.reply() == b"R" + k.token)
+        k.drop_output()
+        counted = ("import sys\n"
+                   "class Counted:\n"
+                   "    flushes = 0\n"
+                   "    def write(self, s):\n"
+                   "        return sys.__stdout__.write(s)\n"
+                   "    def flush(self):\n"
+                   "        Counted.flushes += 1\n"
+                   "        sys.__stdout__.flush()\n"
+                   "sys.stdout = sys.stderr = Counted()\n"
+                   "written = sys.__stdout__.write('a')\n"
+                   "written = sys.__stderr__.write('b')")
+        cases = [
+            ("one stream as sys.stdout and sys.stderr, the kernel's own holding text",
+             counted, b"a", b"b", b"D0"),
+            ("that cell's end flushed it once", "Counted.flushes", b"1\n", b"", b"D0"),
+            ("put back, text held in both", "sys.stdout, sys.stderr = sys.__stdout__, "
+             "sys.__stderr__\nprint('c', end='')\nprint('d', end='', file=sys.stderr)",
+             b"c", b"d", b"D0"),
+        ]
+        check_cells(k, name, cases)
+    finally:
+        k.stop()
+
+
 def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
     """kernel.js's last value likewise goes out with the stdout end mark in one write when
     it can (showValue): after what the cell printed, before what a promise callback of the
@@ -325,6 +359,7 @@ def main():
                  test_D41_python_stdout_made_non_blocking_any_way_is_blocking_again_for_the_end,
                  test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell,
                  test_D28_python_last_value_repr_in_order_wherever_stdout_goes,
+                 test_D41_python_each_stream_flushed_once_before_the_end_marks,
                  test_D28_javascript_last_value_in_order_wherever_stdout_goes):
         if not selected(test.__name__):
             continue

@@ -110,8 +110,14 @@ def _berth_kernel():
             state["loop"] = asyncio.new_event_loop()
         return state["loop"].run_until_complete(coro)
 
+    # Each stream once: a buffered stream's flush takes its lock, and Python 3.11 reads
+    # the clock to take any lock, a system call in a gVisor sandbox's first second
+    # (docs/performance.md).  sys.stdout is out0 unless a cell replaced it.
     def flush():
-        for s in (sys.stdout, sys.stderr, out0, err0):
+        so, se = sys.stdout, sys.stderr
+        streams = [so] if se is so else [so, se]
+        streams += [s for s in (out0, err0) if s is not so and s is not se]
+        for s in streams:
             try:
                 s.flush()
             except Exception:
