@@ -11,6 +11,7 @@ kernel writes.  Prints one line per failed check and cmocka-style summary lines;
 non-zero on any failure.
 """
 import os
+import re
 import select
 import struct
 import subprocess
@@ -65,15 +66,44 @@ class Kernel:
         return self.pending[name]
 
     def reply(self):
-        """The next reply frame's body, or None."""
+        """The next reply frame's body, or None: from the reply FIFO (a ready, or an end
+        reply when the cell closed stderr), or the end reply right after stderr's end
+        mark (docs/daemon.md §5.3), which stays in place for until_mark."""
         def whole(b):
             return len(b) >= 4 and len(b) >= 4 + struct.unpack("<I", b[:4])[0]
-        b = self.read_until("rep", whole)
-        if b is None:
-            return None
-        size = struct.unpack("<I", b[:4])[0]
-        self.pending["rep"] = b[4 + size:]
-        return b[4:4 + size]
+
+        def after_mark(b):  # where an end reply after stderr's mark starts, or -1
+            if whole(b) and b[4:5] == b"D":
+                return 0  # until_mark("err") took the mark already
+            for m in re.finditer(rb"\x1f[^\x1e\x1f]{32}\x1e", b):
+                if whole(b[m.end():]) and b[m.end() + 4:m.end() + 5] == b"D":
+                    return m.end()
+            return -1
+
+        end = time.monotonic() + WAIT
+        while True:
+            if whole(self.pending["rep"]):
+                b = self.pending["rep"]
+                size = struct.unpack("<I", b[:4])[0]
+                self.pending["rep"] = b[4 + size:]
+                return b[4:4 + size]
+            at = after_mark(self.pending["err"])
+            if at >= 0:
+                b = self.pending["err"]
+                size = struct.unpack("<I", b[at:at + 4])[0]
+                self.pending["err"] = b[:at] + b[at + 4 + size:]
+                return b[at + 4:at + 4 + size]
+            left = end - time.monotonic()
+            fds = [self.fd["rep"], self.fd["err"]]
+            ready = select.select(fds, [], [], left)[0] if left > 0 else []
+            if not ready:
+                return None
+            for name in ("rep", "err"):
+                if self.fd[name] in ready:
+                    try:
+                        self.pending[name] += os.read(self.fd[name], 1 << 16)
+                    except BlockingIOError:
+                        pass
 
     def until_mark(self, name, nonce):
         """What the kernel wrote on `name` (out or err) before nonce's end mark, or None."""
@@ -88,6 +118,7 @@ class Kernel:
     def drop_output(self):
         """Drops what the streams hold, as the daemon does before the kernel's ready."""
         for name in ("out", "err"):
+            self.pending[name] = b""
             try:
                 while os.read(self.fd[name], 1 << 16):
                     pass
@@ -103,6 +134,14 @@ class Kernel:
         self.proc.wait()
         for fd in self.fd.values():
             os.close(fd)
+
+
+def started(lang, name):
+    """A kernel of `lang` that said ready, the output of its warm-up dropped."""
+    k = Kernel(lang)
+    check(name + ": ready", k.reply() == b"R" + k.token)
+    k.drop_output()
+    return k
 
 
 def check_cells(k, name, cases):
@@ -235,10 +274,8 @@ def test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell():
             ("python", "print(repr(globals().get('_')))\n1/0", b"cell 1"),
             ("javascript", "console.log(typeof _); null.x", b"cell1.js")):
         name = "test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell: " + lang
-        k = Kernel(lang)
+        k = started(lang, name)
         try:
-            check(name + ": ready", k.reply() == b"R" + k.token)
-            k.drop_output()
             nonce = b"c" * 32
             k.send(nonce, code)
             out = k.until_mark("out", nonce)
@@ -257,10 +294,8 @@ def test_D28_python_last_value_repr_in_order_wherever_stdout_goes():
     whole when longer than a pipe takes at once, to a sys.stdout the cell replaced, and
     a stdout the cell closed fails the cell as print would."""
     name = "test_D28_python_last_value_repr_in_order_wherever_stdout_goes"
-    k = Kernel("python")
+    k = started("python", name)
     try:
-        check(name + ": ready", k.reply() == b"R" + k.token)
-        k.drop_output()
         cases = [
             ("after output left unflushed", "print('a', end='')\n'\u00e9' * 2",
              "a'\u00e9\u00e9'\n".encode(), b"", b"D0"),
@@ -288,10 +323,8 @@ def test_D41_python_each_stream_flushed_once_before_the_end_marks():
     (kernel.py flush: every flush of a buffered stream reads the clock in Python 3.11,
     a system call in a young gVisor sandbox)."""
     name = "test_D41_python_each_stream_flushed_once_before_the_end_marks"
-    k = Kernel("python")
+    k = started("python", name)
     try:
-        check(name + ": ready", k.reply() == b"R" + k.token)
-        k.drop_output()
         counted = ("import sys\n"
                    "class Counted:\n"
                    "    flushes = 0\n"
@@ -316,6 +349,35 @@ def test_D41_python_each_stream_flushed_once_before_the_end_marks():
         k.stop()
 
 
+def test_D41_end_reply_in_the_write_of_the_stderr_mark_or_on_the_reply_fifo():
+    """Each kernel's end reply comes right after stderr's end mark, in the same write
+    (nothing on the reply FIFO), and on the reply FIFO when the cell closed stderr."""
+    for lang, code, close in (
+            ("python", "1 + 1", "import os\nos.close(2)"),
+            ("javascript", "1 + 1", "require('fs').closeSync(2)")):
+        name = "test_D41_end_reply_in_the_write_of_the_stderr_mark_or_on_the_reply_fifo: " + lang
+        k = started(lang, name)
+        try:
+            nonce = b"1" * 32
+            k.send(nonce, code)
+            check(name + ": stdout", k.until_mark("out", nonce) == b"2\n")
+            check(name + ": stderr", k.until_mark("err", nonce) == b"")
+            body = b"D0" + nonce + b"0"
+            check(name + ": the reply follows the mark", k.pending["err"] ==
+                  struct.pack("<I", len(body)) + body, k.pending["err"])
+            check(name + ": none on the reply FIFO",
+                  not select.select([k.fd["rep"]], [], [], 0.2)[0])
+            check(name + ": read as the reply", k.reply() == body)
+            nonce = b"2" * 32
+            k.send(nonce, close)
+            k.until_mark("out", nonce)
+            on_fifo = k.read_until("rep", lambda b: len(b) >= 4)
+            check(name + ": stderr closed: the reply on the reply FIFO", on_fifo is not None)
+            check(name + ": stderr closed: the reply", k.reply() == b"D0" + nonce + b"0")
+        finally:
+            k.stop()
+
+
 def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
     """kernel.js's last value likewise goes out with the stdout end mark in one write when
     it can (showValue): after what the cell printed, before what a promise callback of the
@@ -323,10 +385,8 @@ def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
     stream, to a process.stdout the cell replaced, and said on stderr when the cell closed
     stdout."""
     name = "test_D28_javascript_last_value_in_order_wherever_stdout_goes"
-    k = Kernel("javascript")
+    k = started("javascript", name)
     try:
-        check(name + ": ready", k.reply() == b"R" + k.token)
-        k.drop_output()
         cases = [
             ("after output", "console.log('a'); '\u00e9'.repeat(2)",
              "a\n'\u00e9\u00e9'\n".encode(), b"", b"D0"),
@@ -360,6 +420,7 @@ def main():
                  test_D28_D29_warm_up_leaves_no_frame_and_no_trace_before_the_first_cell,
                  test_D28_python_last_value_repr_in_order_wherever_stdout_goes,
                  test_D41_python_each_stream_flushed_once_before_the_end_marks,
+                 test_D41_end_reply_in_the_write_of_the_stderr_mark_or_on_the_reply_fifo,
                  test_D28_javascript_last_value_in_order_wherever_stdout_goes):
         if not selected(test.__name__):
             continue

@@ -1,6 +1,7 @@
 /*
  * frames.h — the pure decoding steps of sandboxd's framed links (sup_proto.h): where a
- * frame ends in a buffer, what a kernel's reply says, the files of a SUP_FILES frame.
+ * frame ends in a buffer, what a kernel's reply says, the files of a SUP_FILES frame,
+ * and where a cell's output ends on a kernel's stream (with the reply after it).
  * box.c and supervisor.c do the reading, the checks against their state and the acting;
  * these only look at bytes (which may come from hostile code in the sandbox), so a
  * fuzzer (tests/fuzz/fuzz_frames.c) reaches exactly the code the daemon runs.
@@ -65,5 +66,36 @@ typedef struct sup_file {
 bool sup_files_begin(sup_files *fs, const unsigned char *payload, size_t len);
 /* 1 with the next file, 0 when all were taken, -1 when the payload ends inside one. */
 int sup_files_next(sup_files *fs, sup_file *f);
+
+/* The end of a cell on a kernel's stdout or stderr (docs/daemon.md §5.3): the end mark
+ * -- 0x1f, the request's nonce, 0x1e -- found however the stream is cut into reads,
+ * what came before it handed to the caller, and on stderr the end reply frame the
+ * kernel writes right after the mark, in the same write.  What follows the mark (and
+ * that frame) is output between cells: dropped. */
+#define SUP_END_MARK_LEN (SUP_NONCE_LEN + 2)
+
+typedef struct sup_endmark {
+    unsigned char mark[SUP_END_MARK_LEN];
+    size_t matched;                /* how much of the mark the stream has shown */
+    bool ended;                    /* the mark came: the rest is between cells */
+    bool want_reply;               /* stderr: a reply frame may follow the mark */
+    bool reply_read;               /* the bytes after the mark are a whole frame, or none */
+    unsigned char reply[4 + SUP_KERNEL_MAX_REPLY];
+    size_t reply_len;
+} sup_endmark;
+
+void sup_endmark_init(sup_endmark *e, const unsigned char *nonce, bool want_reply);
+
+/* The next chunk of the stream.  The cell's bytes before the mark go to keep(ud, p, n),
+ * in order and maybe in several pieces (a partial mark at a chunk's end is held back
+ * until the next shows whether it was one).  True once, when the reply frame after the
+ * mark has come whole: sup_endmark_reply gives its body.  A length no reply has means
+ * none is there (the kernel used its reply FIFO): nothing more is looked at. */
+typedef void (*sup_keep_fn)(void *ud, const unsigned char *p, size_t n);
+bool sup_endmark_take(sup_endmark *e, const unsigned char *p, size_t n, sup_keep_fn keep,
+                      void *ud);
+
+/* The reply frame's body after the mark (NULL until it came whole), *len its length. */
+const unsigned char *sup_endmark_reply(const sup_endmark *e, size_t *len);
 
 #endif

@@ -34,11 +34,12 @@
 enum { F_REQ, F_REP, F_OUT, F_ERR, N_FIFOS };
 static const char *const fifo_names[N_FIFOS] = {"req", "rep", "out", "err"};
 
-/* A kernel ends each cell's output with a mark on stdout and on stderr -- 0x1f, the
- * request's nonce, 0x1e -- before its end reply: what follows the mark on a stream is
- * output between cells (a timer, a thread, a child) and is dropped, however late the
- * daemon reads it.  The first byte occurs once in the mark, so matching can restart. */
-#define END_MARK_LEN (SUP_NONCE_LEN + 2)
+/* A kernel ends each cell's output with a mark on stdout and on stderr (frames.h:
+ * sup_endmark): what follows the mark on a stream is output between cells (a timer, a
+ * thread, a child) and is dropped, however late the daemon reads it.  The end reply
+ * comes in the same write as stderr's mark, right after it (one system call less a
+ * cell: each is a stop of the sandbox under gVisor's ptrace platform), or on the reply
+ * FIFO when stderr is closed. */
 
 typedef struct op {
     bool active;
@@ -56,9 +57,8 @@ typedef struct op {
     uint32_t out_cap, err_cap;
     bool out_cut, err_cut;
     char nonce[SUP_NONCE_LEN + 1];
-    unsigned char mark[END_MARK_LEN]; /* what ends the cell's output on each stream */
-    size_t matched[2];             /* how much of the mark each stream has shown */
-    bool ended[2];                 /* the mark came: the rest is between cells */
+    sup_endmark end[2];            /* stdout's and stderr's end of the cell */
+    bool reply_ready;              /* the end reply after stderr's mark came, unhandled */
 } op;
 
 typedef struct lane {              /* one language's kernel */
@@ -373,36 +373,24 @@ static void keep_stream(op *o, int which, const unsigned char *data, size_t n)
         keep(&o->err, o->err_cap, &o->err_cut, data, n);
 }
 
-/* Keeps a chunk of the running cell's stream up to its end mark.  A partial mark at
- * the end of a chunk is held back (as a count: its bytes are the mark's own) until the
- * next chunk shows whether it was one. */
+typedef struct keep_to {
+    op *o;
+    int which;
+} keep_to;
+
+static void keep_piece(void *ud, const unsigned char *p, size_t n)
+{
+    keep_to *k = ud;
+    keep_stream(k->o, k->which, p, n);
+}
+
+/* Keeps a chunk of the running cell's stream up to its end mark; on stderr, notes the
+ * end reply that came whole after it. */
 static void take_output(op *o, int which, const unsigned char *p, size_t n)
 {
-    size_t *m = &o->matched[which - F_OUT];
-    if (o->ended[which - F_OUT])
-        return;
-    size_t from = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == o->mark[*m]) {
-            if (*m == 0)
-                keep_stream(o, which, p + from, i - from);
-            from = i + 1;
-            if (++*m == END_MARK_LEN) {
-                o->ended[which - F_OUT] = true;
-                return;
-            }
-        } else if (*m > 0) {
-            keep_stream(o, which, o->mark, *m);
-            *m = 0;
-            from = i;
-            if (p[i] == o->mark[0]) {
-                *m = 1;
-                from = i + 1;
-            }
-        }
-    }
-    if (*m == 0)
-        keep_stream(o, which, p + from, n - from);
+    keep_to k = {o, which};
+    if (sup_endmark_take(&o->end[which - F_OUT], p, n, keep_piece, &k))
+        o->reply_ready = true;
 }
 
 /* Reads a kernel's stdout or stderr: kept for the running cell, for a start's
@@ -415,7 +403,7 @@ static void read_stream(sbx_box *b, int lang, int which, size_t limit, bool unti
     size_t got = 0;
     op *o = &ln->op;
     while (ln->fd[which] >= 0 && got < limit) {
-        if (until_mark && o->ended[which - F_OUT])
+        if (until_mark && o->end[which - F_OUT].ended)
             return;
         ssize_t n = read(ln->fd[which], buf, sizeof buf);
         if (n < 0 && errno == EINTR)
@@ -558,6 +546,22 @@ static void read_replies(sbx_box *b, int lang)
     ln->rep_len = len - at;
 }
 
+/* The end reply that came after stderr's end mark, if a whole one did. */
+static void reply_after_mark(sbx_box *b, int lang)
+{
+    op *o = &b->lane[lang].op;
+    if (!o->reply_ready)
+        return;
+    o->reply_ready = false;
+    unsigned char body[SUP_KERNEL_MAX_REPLY];
+    size_t len = 0;
+    const unsigned char *reply = sup_endmark_reply(&o->end[1], &len);
+    if (!reply)
+        return;
+    memcpy(body, reply, len);      /* the op is reset if its end starts the next */
+    on_reply(b, lang, body, len);
+}
+
 static void on_fifo(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
@@ -569,8 +573,10 @@ static void on_fifo(struct ev_loop *loop, ev_io *w, int revents)
             read_replies(b, l);
         else if (w == &ln->out_io)
             read_stream(b, l, F_OUT, READ_ROUND, false);
-        else if (w == &ln->err_io)
+        else if (w == &ln->err_io) {
             read_stream(b, l, F_ERR, READ_ROUND, false);
+            reply_after_mark(b, l);
+        }
     }
 }
 
@@ -1112,9 +1118,8 @@ void sbx_box_cell(sbx_box *b, int lang, const sbx_job *job, uint32_t out_cap, ui
         return;
     }
     o->job = job;
-    o->mark[0] = 0x1f;
-    memcpy(o->mark + 1, o->nonce, SUP_NONCE_LEN);
-    o->mark[END_MARK_LEN - 1] = 0x1e;
+    sup_endmark_init(&o->end[0], (const unsigned char *)o->nonce, false); /* stdout */
+    sup_endmark_init(&o->end[1], (const unsigned char *)o->nonce, true);  /* stderr */
     /* Output between cells was dropped as it came; what is queued now is not ours. */
     drain_fd(ln->fd[F_OUT]);
     drain_fd(ln->fd[F_ERR]);

@@ -12,7 +12,10 @@
  *     box.c keeps it give the same frames and the same verdict;
  *   - each frame is its length and its bytes, in order (the frames rebuild the input);
  *   - a kernel reply is ready or done only in its exact shape, pointing into the body;
- *   - every file of a SUP_FILES payload lies inside the payload.
+ *   - every file of a SUP_FILES payload lies inside the payload;
+ *   - the end of a cell on a kernel's stream (sup_endmark): the bytes before the first
+ *     end mark are kept, the reply frame right after it (on stderr) is found whole, and
+ *     both come out the same read whole and in pieces of 1..64 bytes.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -146,6 +149,75 @@ static sup_split split_pieces(const chan *l, const uint8_t *data, size_t size, u
     return got;
 }
 
+typedef struct sink {
+    unsigned char *p;
+    size_t len;
+} sink;
+
+static void keep_into(void *ud, const unsigned char *p, size_t n)
+{
+    sink *k = ud;
+    memcpy(k->p + k->len, p, n);
+    k->len += n;
+}
+
+/* The stream read by an endmark in one chunk or in pieces: what it kept in k, whether a
+ * reply came (and how many times it said so: at most once). */
+static int take_endmark(sup_endmark *e, const uint8_t *data, size_t size, uint64_t seed,
+                        bool pieces, sink *k)
+{
+    int said = 0;
+    for (size_t in = 0; in < size || (in == 0 && size == 0);) {
+        size_t n = pieces ? 1 + next(&seed) % 64 : size;
+        if (n > size - in)
+            n = size - in;
+        said += sup_endmark_take(e, data + in, n, keep_into, k);
+        in += n;
+        if (n == 0)
+            break;
+    }
+    return said;
+}
+
+static void check_endmark(const uint8_t *data, size_t size, uint64_t seed)
+{
+    static const unsigned char nonce[SUP_NONCE_LEN + 1] = "0123456789abcdef0123456789abcdef";
+    unsigned char mark[SUP_END_MARK_LEN];
+    mark[0] = 0x1f;
+    memcpy(mark + 1, nonce, SUP_NONCE_LEN);
+    mark[SUP_END_MARK_LEN - 1] = 0x1e;
+    const uint8_t *at = memmem(data, size, mark, sizeof mark);
+    for (int want = 0; want < 2; want++) {
+        sup_endmark w, p;
+        sup_endmark_init(&w, nonce, want);
+        sup_endmark_init(&p, nonce, want);
+        sink kw = {malloc(size + 1), 0}, kp = {malloc(size + 1), 0};
+        int sw = take_endmark(&w, data, size, seed, false, &kw);
+        int sp = take_endmark(&p, data, size, seed, true, &kp);
+        size_t lw = 0, lp = 0;
+        const unsigned char *rw = sup_endmark_reply(&w, &lw), *rp = sup_endmark_reply(&p, &lp);
+        if (sw > 1 || sp != sw || w.ended != p.ended || kw.len != kp.len ||
+            memcmp(kw.p, kp.p, kw.len) != 0 || !rw != !rp || lw != lp ||
+            (rw && memcmp(rw, rp, lw) != 0))
+            abort();
+        /* kept: everything before the first mark (less a partial mark at the end) */
+        if (w.ended != (at != NULL) || (at && kw.len != (size_t)(at - data)) ||
+            (!at && kw.len + w.matched != size) || memcmp(kw.p, data, kw.len) != 0)
+            abort();
+        /* the reply: the frame right after the mark, when its length is a reply's */
+        const uint8_t *after = at ? at + sizeof mark : NULL;
+        size_t left = at ? size - (size_t)(after - data) : 0;
+        uint32_t len = left >= 4 ? sup_get32(after) : 0;
+        bool whole = want && left >= 4 && len >= 1 && len <= SUP_KERNEL_MAX_REPLY &&
+                     left - 4 >= len;
+        if ((sw == 1) != whole || !rw != !whole ||
+            (whole && (lw != len || memcmp(rw, after + 4, len) != 0)))
+            abort();
+        free(kw.p);
+        free(kp.p);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const chan chans[] = {
@@ -164,6 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* the payload of a files frame, as it is */
     check_files(data, size);
+    check_endmark(data, size, hash(data, size));
     free(whole);
     free(pieces);
     return 0;

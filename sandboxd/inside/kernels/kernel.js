@@ -9,7 +9,9 @@
 //   reply    "R" + TOKEN (ready, once)  |  "D" + status ("0" ran, "1" raised) + nonce
 //            + spawned ("1" when the cell may have started a process, else "0")
 // Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2, once
-// everything the cell gave process.stdout and process.stderr has left Node's queue.
+// everything the cell gave process.stdout and process.stderr has left Node's queue; the
+// "D" frame goes right after fd 2's mark, in the same write (on PREFIX-rep when fd 2 is
+// closed).
 // Notebook semantics: cells run as scripts in this process's global context; top-level
 // let/const/class become var so names can be declared again; top-level await works
 // (Node's REPL transform); a final value that is not undefined is stored as
@@ -136,15 +138,20 @@
   // The end mark on both streams, before the end reply: what a timer or a child writes
   // after it is output between cells, dropped by the daemon.  Shorter than PIPE_BUF, so
   // written whole and never interleaved.  A full pipe (a child still writing) is waited
-  // for, never skipped: the daemon reads it all along.
-  async function endMark(nonce, fds = [1, 2]) {
+  // for, never skipped: the daemon reads it all along.  With `reply`, the end reply goes
+  // in the same write as stderr's mark (one system call less a cell), or on the reply
+  // FIFO when stderr is closed.
+  async function endMark(nonce, fds, reply) {
     const mark = Buffer.from('\x1f' + nonce + '\x1e', 'latin1');
     for (const fd of fds) {
       for (;;) {
-        const data = fd === 1 && tail !== null ? Buffer.concat([tail, mark]) : mark;
+        let data = mark;
+        if (fd === 1 && tail !== null) data = Buffer.concat([tail, mark]);
+        else if (fd === 2 && reply) data = Buffer.concat([mark, frame(reply)]);
         try {
           fs.writeSync(fd, data);
           if (fd === 1) tail = null;
+          if (fd === 2 && reply) return;
           break;
         } catch (e) {
           if (e.code !== 'EAGAIN') { // closed by the cell: the daemon takes what is queued
@@ -163,6 +170,7 @@
         }
       }
     }
+    if (reply) send(reply);
   }
 
   function show(text) {
@@ -264,8 +272,12 @@
       await drained(stderr);
       // (while warming, stdout only: the daemon drops it before "ready", and keeps
       // stderr then for a failed start's diagnosis)
-      await endMark(nonce, warming ? [1] : [1, 2]);
-      send('D' + status + nonce + (spawned || !canTell ? '1' : '0'));
+      if (warming) {
+        await endMark(nonce, [1]);
+      } else {
+        const reply = 'D' + status + nonce + (spawned || !canTell ? '1' : '0');
+        await endMark(nonce, [1, 2], reply);
+      }
       if (warming && warmDone && --warmLeft === 0) warmDone();
     }
     busy = false;

@@ -7,7 +7,9 @@
 #   request  nonce (32 ASCII hex) + code (UTF-8)
 #   reply    b"R" + TOKEN (ready, once)  |  b"D" + status (b"0" ran, b"1" raised) + nonce
 #            + spawned (b"1" when the cell may have started a process, else b"0")
-# Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2.
+# Before its "D" reply it writes the end mark 0x1f + nonce + 0x1e on fds 1 and 2; the
+# "D" frame goes right after fd 2's mark, in the same write (on PREFIX-rep when fd 2 is
+# closed).
 # Notebook semantics: one global namespace (__main__); a last expression's value is
 # stored as `_` and its repr printed unless None; top-level await runs on a private
 # event loop; every BaseException ends the cell (traceback on stderr from <cell N>),
@@ -173,7 +175,10 @@ def _berth_kernel():
             show_error(e)
             return b"1"
 
-    def end_cell(nonce, fds, status):
+    # Ends a cell: its streams flushed, the end mark on each of fds, and with `spawned`
+    # (b"0" or b"1") the end reply, in the same write as stderr's mark (one system call
+    # less a cell), or on the reply FIFO when stderr is closed.
+    def end_cell(nonce, fds, status, spawned=None):
         for fd in (1, 2) if unblock[0] else ():  # a cell may have made them
             try:                                  # non-blocking: then a flush could
                 set_blocking0(fd, True)           # leave output behind the end mark
@@ -184,16 +189,26 @@ def _berth_kernel():
         # The end mark on the streams, before the end reply: what a thread or a child
         # writes after it is output between cells, dropped by the daemon.
         mark = b"\x1f" + nonce + b"\x1e"
+        reply = None
         for fd in fds:
-            data = tail + mark if fd == 1 else mark
+            if fd == 1:
+                data = tail + mark
+            elif spawned is not None:  # (status is final now: fd 1 came first)
+                reply = b"D" + status + nonce + spawned
+                data = mark + frame(reply)
+            else:
+                data = mark
             try:
                 os.write(fd, data)  # shorter than PIPE_BUF: whole, never interleaved
+                if reply:
+                    return
             except OSError as e:
                 if fd == 1 and tail:  # the repr was lost with it, as print would have
                     show_error(e)     # failed: the cell's error
                     status = b"1"
                 # else the cell closed it: the daemon takes what is queued
-        return status
+        if reply:
+            send(reply)
 
     # Two cells the whole way (frame, compile, eval, repr, flush, end mark) before
     # saying ready, so that a warm sandbox's first cell finds its path warm.  Their end
@@ -219,8 +234,7 @@ def _berth_kernel():
         status = run_cell(code)
         if forked:
             os._exit(0)  # a process the cell forked never goes on as the kernel
-        status = end_cell(nonce, (1, 2), status)
-        send(b"D" + status + nonce + (b"1" if spawned[0] else b"0"))
+        end_cell(nonce, (1, 2), status, b"1" if spawned[0] else b"0")
 
 
 _berth_kernel()
