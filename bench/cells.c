@@ -162,26 +162,57 @@ static char *slurp(const char *path)
     return buf;
 }
 
+/* n bytes from fd, waiting for them when the FIFO is non-blocking (Node makes its
+ * stdout and stderr so, and these file descriptions are the ones it holds). */
+static int read_full(int fd, unsigned char *p, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t k = read(fd, p + got, n - got);
+        if (k < 0 && errno == EAGAIN) {
+            struct pollfd pf = {fd, POLLIN, 0};
+            if (poll(&pf, 1, 10000) <= 0)
+                return -1;
+            continue;
+        }
+        if (k <= 0)
+            return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
 static int read_frame(int fd, unsigned char *body, size_t cap, size_t *len)
 {
     unsigned char head[4];
-    size_t got = 0;
-    while (got < 4) {
-        ssize_t n = read(fd, head + got, 4 - got);
-        if (n <= 0)
-            return -1;
-        got += (size_t)n;
-    }
+    if (read_full(fd, head, sizeof head) != 0)
+        return -1;
     *len = (size_t)head[0] | (size_t)head[1] << 8 | (size_t)head[2] << 16 | (size_t)head[3] << 24;
     if (*len > cap)
         return -1;
-    for (got = 0; got < *len;) {
-        ssize_t n = read(fd, body + got, *len - got);
-        if (n <= 0)
-            return -1;
-        got += (size_t)n;
-    }
-    return 0;
+    return read_full(fd, body, *len);
+}
+
+/* What a kernel's stdout and stderr hold now, dropped.  Through poll: the kernel makes
+ * them blocking (kernel.py), and these FIFOs' file descriptions are the ones it holds. */
+static void drain(int out, int err)
+{
+    char junk[256];
+    struct pollfd pf[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+    while (poll(pf, 2, 0) > 0)
+        for (int k = 0; k < 2; k++)
+            if (pf[k].revents && (!(pf[k].revents & POLLIN) ||
+                                  read(pf[k].fd, junk, sizeof junk) <= 0))
+                pf[k].fd = -1;
+}
+
+/* A cell's end on a kernel's stderr: its end mark (nothing else is there for a trivial
+ * cell), then the end reply frame the kernel writes with it (docs/daemon.md §5.3). */
+static int read_end(int fd, unsigned char *body, size_t cap, size_t *len)
+{
+    unsigned char mark[34];
+    if (read_full(fd, mark, sizeof mark) != 0 || mark[0] != 0x1f || mark[sizeof mark - 1] != 0x1e)
+        return -1;
+    return read_frame(fd, body, cap, len);
 }
 
 /* p50 of a trivial cell sent straight to a bare kernel over FIFOs; 0 when unavailable.
@@ -223,6 +254,7 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
     size_t len;
     double result = 0;
     if (read_frame(fd[1], body, sizeof body, &len) == 0 && body[0] == 'R') {
+        drain(fd[2], fd[3]);      /* what the start wrote (Node's warnings on stderr) */
         double *v = calloc((size_t)samples, sizeof *v);
         unsigned char req[4 + 32 + 1];
         req[0] = 33;
@@ -233,19 +265,11 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
         for (int i = 0; i < samples + samples / 5 && good; i++) {
             double t0 = now_ms();
             if (write(fd[0], req, sizeof req) != (ssize_t)sizeof req ||
-                read_frame(fd[1], body, sizeof body, &len) != 0 || body[0] != 'D') {
+                read_end(fd[3], body, sizeof body, &len) != 0 || body[0] != 'D') {
                 good = 0;
                 break;
             }
-            /* Drained through poll: the kernel makes its stdout and stderr blocking
-             * (kernel.py), and these FIFOs' file descriptions are the ones it holds. */
-            char junk[256];
-            struct pollfd pf[2] = {{fd[2], POLLIN, 0}, {fd[3], POLLIN, 0}};
-            while (poll(pf, 2, 0) > 0)
-                for (int k = 0; k < 2; k++)
-                    if (pf[k].revents && (!(pf[k].revents & POLLIN) ||
-                                          read(pf[k].fd, junk, sizeof junk) <= 0))
-                        pf[k].fd = -1;
+            drain(fd[2], fd[3]);
             if (i >= samples / 5) /* the first fifth warms the interpreter up */
                 v[i - samples / 5] = now_ms() - t0;
         }
