@@ -26,6 +26,8 @@ Exits non-zero when a benchmark failed (after writing all).
 --merge-only skips the runs and rebuilds the report from the fragments already in
 BUILD/bench/json; --quick runs two points a curve and fewer cells (a smoke run, not a
 report: it writes BUILD/bench/quick/).  BENCH_WARM and BENCH_PROVIDERS (cells) pass through to the benchmarks.
+A benchmark still running after BENCH_TIMEOUT seconds (900) is killed with what it
+started (its own process group) and reported failed: `make bench` never hangs.
 """
 import argparse
 import datetime
@@ -34,6 +36,7 @@ import glob
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -86,6 +89,24 @@ def plan():
     return runs
 
 
+def run_one(argv, env):
+    """One benchmark's exit status, or a string saying it was killed: a benchmark (and
+    the daemons it started) still running after BENCH_TIMEOUT seconds is killed as a
+    group."""
+    limit = float(os.environ.get("BENCH_TIMEOUT", "900"))
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return p.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        return "killed after %g s" % limit
+    except BaseException:  # ^C reaches this script alone (its own session): pass it on
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
+
+
 def run_all(build, frags):
     os.makedirs(frags, exist_ok=True)
     for f in os.listdir(frags):  # no fragment of an earlier run is merged
@@ -97,10 +118,9 @@ def run_all(build, frags):
     for bench, tag, args in plan():
         path = os.path.join(frags, tag + ".json")
         sys.stdout.flush()
-        rc = subprocess.call([os.path.join(build, "bench", bench)] + args, cwd=ROOT,
-                             env=dict(env, BENCH_JSON=path))
+        rc = run_one([os.path.join(build, "bench", bench)] + args, dict(env, BENCH_JSON=path))
         if rc != 0:
-            print("bench/report: %s %s exited %d" % (bench, " ".join(args), rc))
+            print("bench/report: %s %s exited %s" % (bench, " ".join(args), rc))
             failed.append({"bench": bench, "args": args, "exit": rc})
     return failed
 
