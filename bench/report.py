@@ -98,13 +98,11 @@ def run_one(argv, env):
     try:
         return p.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
         return "killed after %g s" % limit
-    except BaseException:  # ^C reaches this script alone (its own session): pass it on
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
-        raise
+    finally:  # timed out, or ^C (which reaches this script alone: its own session)
+        if p.returncode is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def run_all(build, frags):

@@ -121,11 +121,8 @@ bool sup_endmark_take(sup_endmark *e, const unsigned char *p, size_t n, sup_keep
 
 const unsigned char *sup_endmark_reply(const sup_endmark *e, size_t *len)
 {
-    if (!e->reply_read || e->reply_len < 4)
-        return NULL;
-    uint32_t size = sup_get32(e->reply);
-    if (e->reply_len < 4 + (size_t)size)
-        return NULL;
-    *len = size;
+    if (!e->reply_read || e->reply_len == 0)
+        return NULL;               /* not whole yet, or no reply's length after the mark */
+    *len = sup_get32(e->reply);
     return e->reply + 4;
 }

@@ -555,9 +555,7 @@ static void reply_after_mark(sbx_box *b, int lang)
     o->reply_ready = false;
     unsigned char body[SUP_KERNEL_MAX_REPLY];
     size_t len = 0;
-    const unsigned char *reply = sup_endmark_reply(&o->end[1], &len);
-    if (!reply)
-        return;
+    const unsigned char *reply = sup_endmark_reply(&o->end[1], &len); /* whole: take said so */
     memcpy(body, reply, len);      /* the op is reset if its end starts the next */
     on_reply(b, lang, body, len);
 }
