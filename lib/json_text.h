@@ -82,6 +82,15 @@ char *plm_base64_encode(const unsigned char *data, size_t len, bool padded);
 #define PLM_INT_TEXT 22
 size_t plm_u64_text(char *out, uint64_t v);
 size_t plm_i64_text(char *out, int64_t v);
+/* A real as printf's "%.17g" writes it in the C locale, byte for byte, when
+ * 1e-4 <= |x| < 1e15 (fixed notation there): into out (PLM_REAL_TEXT bytes),
+ * NUL-terminated; returns its length, or 0 for any other x (NaN, infinities, zeros,
+ * tiny and huge ones), which the caller gives to snprintf.  snprintf takes a
+ * multi-precision path for every real (about 3 900 instructions); this is exact
+ * integer arithmetic on 128 bits.  tests/test_json_read.c holds the two to the same
+ * bytes. */
+#define PLM_REAL_TEXT 40
+size_t plm_real17_text(char *out, double x);
 
 #ifdef __cplusplus
 }

@@ -12,9 +12,10 @@
  * What it relies on, and why that holds: every string in a body is well-formed
  * UTF-8 before it is put in (json_string checks; request.c checks before
  * json_stringn_nocheck, and sandboxd makes no string unchecked), so it is copied,
- * not checked again.  Reals are rare (none in today's requests) and are written by
- * jansson itself, so its formatting stays the one there is.  Nesting deeper than 2048 levels is refused (no reader here takes more),
- * and so is a loop.  tests/test_json_read.c holds this to json_dumps on the same
+ * not checked again.  Reals are written as jansson writes them ("%.17g"): those of
+ * everyday scale by decimal.c's exact integer path (berth serve writes eight a turn,
+ * its timings), the others by snprintf.  Nesting deeper than 2048 levels is refused
+ * (no reader here takes more), and so is a loop.  tests/test_json_read.c holds this to json_dumps on the same
  * values.
  */
 #include "json_text.h"
@@ -205,6 +206,15 @@ void plm_json_put_integer(plm_json_out *o, json_int_t i)
 void plm_json_put_real(plm_json_out *o, double x)
 {
     char b[48];
+    size_t fast = plm_real17_text(b, x);   /* (PLM_REAL_TEXT <= sizeof b - 3) */
+    if (fast) {
+        if (!memchr(b, '.', fast)) {
+            memcpy(b + fast, ".0", 3);
+            fast += 2;
+        }
+        put(o, b, fast);
+        return;
+    }
     int n = snprintf(b, sizeof b, "%.17g", x);
     if (n <= 0 || (size_t)n + 3 > sizeof b) {
         o->failed = true;

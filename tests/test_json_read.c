@@ -13,6 +13,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -249,6 +250,65 @@ static void test_W01_reals_are_json_dumps_s(void **state)
     }
 }
 
+/* One real both ways (the writer's fast path, json_text.h): where it takes x, its text
+ * is printf's "%.17g", byte for byte; and every x of its range it takes. */
+static void same_real_as_printf(double x, bool in_range)
+{
+    char want[64], got[PLM_REAL_TEXT];
+    size_t n = plm_real17_text(got, x);
+    if (!n) {
+        assert_false(in_range);
+        return;
+    }
+    snprintf(want, sizeof want, "%.17g", x);
+    assert_string_equal(got, want);
+    assert_int_equal(n, strlen(want));
+}
+
+/* The fast path's range, 1e-4 <= |x| < 1e15: doubles spread evenly over the decades,
+ * decimals of a few places (a timing in ms, a price), the neighbours of every power
+ * of ten at its ends, and doubles of a few significant bits, whose decimal expansions
+ * end early: among them the exact ties, which printf rounds to even (rounding them
+ * away from zero fails here).  Outside the range it declines. */
+static void test_W01_reals_of_everyday_scale_are_printf_s(void **state)
+{
+    (void)state;
+    uint64_t r = 0x9e3779b97f4a7c15u;             /* xorshift64 */
+    for (int i = 0; i < 100000; i++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        double v = pow(10.0, -4.0 + 19.0 * (double)(r >> 11) / 9007199254740992.0);
+        bool in = v >= 1e-4 && v < 1e15;
+        same_real_as_printf(v, in);
+        same_real_as_printf(-v, in);
+    }
+    for (long m = 1; m < 100000; m++) {
+        same_real_as_printf((double)m / 1000, true);
+        same_real_as_printf((double)m / 1e6, (double)m / 1e6 >= 1e-4);
+        same_real_as_printf((double)m / 7, true);
+    }
+    for (int e = -4; e <= 15; e++) {
+        double p = pow(10.0, e), lo = p, hi = p;
+        for (int k = 0; k < 40; k++) {
+            lo = nextafter(lo, 0);
+            hi = nextafter(hi, INFINITY);
+            same_real_as_printf(lo, lo >= 1e-4 && lo < 1e15);
+            same_real_as_printf(hi, hi >= 1e-4 && hi < 1e15);
+        }
+    }
+    for (int e = -66; e < 50; e++)
+        for (int m = 1; m < 1024; m++) {
+            double v = ldexp(m, e);
+            same_real_as_printf(v, v >= 1e-4 && v < 1e15);
+        }
+    const double outside[] = {0.0, -0.0, 9.9999999999999991e-5, 1e15, 1e300, 5e-324, NAN,
+                              INFINITY, -INFINITY};
+    char buf[PLM_REAL_TEXT];
+    for (size_t i = 0; i < sizeof outside / sizeof *outside; i++)
+        assert_int_equal(plm_real17_text(buf, outside[i]), 0);
+}
+
 /* One integer both ways: the text and its length are printf's. */
 static void same_decimal_as_printf(uint64_t u)
 {
@@ -297,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_W01_request_body_is_json_dumps_byte_for_byte),
         cmocka_unit_test(test_W01_integers_are_printf_s_decimal_text),
         cmocka_unit_test(test_W01_reals_are_json_dumps_s),
+        cmocka_unit_test(test_W01_reals_of_everyday_scale_are_printf_s),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
