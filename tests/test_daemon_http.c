@@ -1541,6 +1541,45 @@ static void test_D46_an_owner_cap_without_an_idle_session_is_refused_capacity(vo
     sbx_stop(&p);
 }
 
+static void wait_for_log(const sbx_proc *p, const char *needle);
+
+/* A quick cell is logged once, when answered (one write to stderr a cell, not two); a
+ * cell still running a quarter of a second after its dispatch is logged then too, so
+ * a call that never ends shows in the log.  Both lines name the fingerprint (D01). */
+static void test_D01_log_a_quick_cell_once_a_slow_one_at_dispatch_too(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    start_daemon(&p, NULL);
+    session a;
+    open_session(&p, NULL, &a);
+    json_decref(cell_ok(&p, &a, "python", "1"));
+    char *answered = fmt("session %.12s call 1 answered", a.fp);
+    wait_for_log(&p, answered);
+    free(answered);
+    char *body = cell_body(&a, "python", "plimsoll-echo:sleep:1500");
+    int fd = raw_send(&p, "SessionRun", body);
+    free(body);
+    char *running = fmt("session %.12s call 2 dispatched 250 ms ago, running", a.fp);
+    wait_for_log(&p, running);          /* while it sleeps */
+    free(running);
+    answer r;
+    raw_read(fd, &r);
+    assert_int_equal(r.status, 200);
+    answer_free(&r);
+    answered = fmt("session %.12s call 2 answered", a.fp);
+    wait_for_log(&p, answered);
+    free(answered);
+    char *log = sbx_read_log(&p);
+    assert_non_null(log);
+    assert_null(strstr(log, " call 1 dispatched"));
+    assert_null(strstr(log, a.id));
+    free(log);
+    a.calls = 2;
+    json_decref(close_ok(&p, &a));
+    sbx_stop(&p);
+}
+
 static void test_D57_D58_echo_counters_and_magic_cells(void **state)
 {
     (void)state;
@@ -2219,6 +2258,7 @@ int main(void)
         cmocka_unit_test(test_D09_lifetime_and_idle_are_the_lesser_of_configured_and_requested),
         cmocka_unit_test(test_D45_D48_the_owner_cap_replaces_the_least_recently_used_idle_session),
         cmocka_unit_test(test_D46_an_owner_cap_without_an_idle_session_is_refused_capacity),
+        cmocka_unit_test(test_D01_log_a_quick_cell_once_a_slow_one_at_dispatch_too),
         cmocka_unit_test(test_D57_D58_echo_counters_and_magic_cells),
         cmocka_unit_test(test_D60_E11_an_unknown_procedure_is_404_marked_unsupported),
         cmocka_unit_test(test_D60_E10_an_oversized_body_is_refused_before_the_handler),

@@ -11,6 +11,7 @@
 #include "records.h"
 #include "util.h"
 
+#include <ev.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,20 +138,48 @@ void sbx_rpc_open_session(void *ud, sbx_call *call)
 
 /* ---------------------------------------------------------------- SessionRun */
 
+/* A cell still running this long after its dispatch is logged as dispatched: a call
+ * that never ends shows in the log, and a quick one costs one line (its answer), not
+ * two, each a write to stderr. */
+#define DISPATCH_LOG_AFTER_S 0.25
+
 typedef struct call_op {
     sbx_app *app;
     sbx_call *call;
     sbx_request req;
     plm_hex request_sha;
     sbx_session *s;                /* a reference */
+    ev_timer running;              /* SessionRun: the dispatch line, if it takes long */
+    uint64_t number;               /* SessionRun: the call's number in its session */
 } call_op;
 
 static void call_op_free(call_op *op)
 {
+    ev_timer_stop(op->app->loop, &op->running);
     if (op->s)
         sbx_session_unref(op->s);
     sbx_request_clear(&op->req);
     free(op);
+}
+
+static void on_still_running(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    call_op *op = w->data;
+    sbx_log("SessionRun %s in session %.12s call %" PRIu64 " dispatched %.0f ms ago, running",
+            sbx_kind_name(op->req.job.kind), sbx_session_fingerprint(op->s), op->number,
+            DISPATCH_LOG_AFTER_S * 1000);
+}
+
+static call_op *call_op_new(sbx_app *app, sbx_call *call)
+{
+    call_op *op = sbx_xcalloc(1, sizeof *op);
+    op->app = app;
+    op->call = call;
+    ev_timer_init(&op->running, on_still_running, 0., 0.);
+    op->running.data = op;
+    return op;
 }
 
 /* Refused after the turn was taken: nothing ran, the idle deadline stays. */
@@ -254,9 +283,9 @@ static void session_run_turn(void *ud, sbx_session *s)
         return;
     }
     sbx_session_begin_call(s);
-    /* A line at dispatch too, so a call that never ends is visible in the log. */
-    sbx_log("SessionRun %s in session %.12s call %" PRIu64 " dispatched",
-            sbx_kind_name(op->req.job.kind), sbx_session_fingerprint(s), sbx_session_calls(s) + 1);
+    op->number = sbx_session_calls(s) + 1;
+    ev_timer_set(&op->running, DISPATCH_LOG_AFTER_S, 0.);
+    ev_timer_start(op->app->loop, &op->running);
     op->app->ops->session_run(sbx_session_provider(s), &op->req.job, on_session_run_done, op);
 }
 
@@ -293,9 +322,7 @@ static bool take_turn(call_op *op, const char *what, sbx_turn_cb cb)
 void sbx_rpc_session_run(void *ud, sbx_call *call)
 {
     sbx_app *app = ud;
-    call_op *op = sbx_xcalloc(1, sizeof *op);
-    op->app = app;
-    op->call = call;
+    call_op *op = call_op_new(app, call);
     if (!sbx_rpc_read(app, call, SBX_RPC_SESSION_RUN, &op->req)) {
         free(op);
         return;
@@ -351,9 +378,7 @@ static void close_turn(void *ud, sbx_session *s)
 void sbx_rpc_close_session(void *ud, sbx_call *call)
 {
     sbx_app *app = ud;
-    call_op *op = sbx_xcalloc(1, sizeof *op);
-    op->app = app;
-    op->call = call;
+    call_op *op = call_op_new(app, call);
     if (!sbx_rpc_read(app, call, SBX_RPC_CLOSE, &op->req)) {
         free(op);
         return;
