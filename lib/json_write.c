@@ -15,8 +15,8 @@
  * not checked again.  Reals are written as jansson writes them ("%.17g"): those of
  * everyday scale by decimal.c's exact integer path (berth serve writes eight a turn,
  * its timings), the others by snprintf.  Nesting deeper than 2048 levels is refused
- * (no reader here takes more), and so is a loop.  tests/test_json_read.c holds this to json_dumps on the same
- * values.
+ * (no reader here takes more), and so is a loop.  tests/test_json_read.c holds this to
+ * json_dumps on the same values.
  */
 #include "json_text.h"
 
@@ -199,35 +199,18 @@ void plm_json_put_integer(plm_json_out *o, json_int_t i)
     put(o, num, plm_i64_text(num, (int64_t)i));
 }
 
-/* jansson's jsonp_dtostr at its default precision, so that the bytes are json_dumps's
- * (json_dumps itself costs a buffer and a copy a number): "%.17g", the locale's decimal
- * point made '.', ".0" after a number that would read back as an integer, and the
- * exponent without its '+' or leading zeros. */
-void plm_json_put_real(plm_json_out *o, double x)
+/* "%.17g" by snprintf in the C locale: the locale's decimal point made '.', and the
+ * exponent without its '+' or leading zeros; its length, or 0 when it does not fit
+ * with the 3 bytes ".0" may add. */
+static size_t printf_real(char *b, size_t cap, double x)
 {
-    char b[48];
-    size_t fast = plm_real17_text(b, x);   /* (PLM_REAL_TEXT <= sizeof b - 3) */
-    if (fast) {
-        if (!memchr(b, '.', fast)) {
-            memcpy(b + fast, ".0", 3);
-            fast += 2;
-        }
-        put(o, b, fast);
-        return;
-    }
-    int n = snprintf(b, sizeof b, "%.17g", x);
-    if (n <= 0 || (size_t)n + 3 > sizeof b) {
-        o->failed = true;
-        return;
-    }
+    int n = snprintf(b, cap, "%.17g", x);
+    if (n <= 0 || (size_t)n + 3 > cap)
+        return 0;
     const char *point = localeconv()->decimal_point;
     char *at;
     if (*point != '.' && (at = strchr(b, *point)))
         *at = '.';
-    if (!strchr(b, '.') && !strchr(b, 'e')) {
-        memcpy(b + n, ".0", 3);
-        n += 2;
-    }
     if ((at = strchr(b, 'e'))) {
         char *start = at + 1, *end = start + 1;
         if (*start == '-')
@@ -239,7 +222,26 @@ void plm_json_put_real(plm_json_out *o, double x)
             n -= (int)(end - start);
         }
     }
-    put(o, b, (size_t)n);
+    return (size_t)n;
+}
+
+/* jansson's jsonp_dtostr at its default precision, so that the bytes are json_dumps's
+ * (json_dumps itself costs a buffer and a copy a number): "%.17g" -- decimal.c's for
+ * reals of everyday scale, snprintf's for the others -- and ".0" after a number that
+ * would read back as an integer. */
+void plm_json_put_real(plm_json_out *o, double x)
+{
+    char b[48];                 /* (PLM_REAL_TEXT + 3 fit) */
+    size_t n = plm_real17_text(b, x);
+    if (!n && !(n = printf_real(b, sizeof b, x))) {
+        o->failed = true;
+        return;
+    }
+    if (!memchr(b, '.', n) && !memchr(b, 'e', n)) {
+        memcpy(b + n, ".0", 3);
+        n += 2;
+    }
+    put(o, b, n);
 }
 
 char *plm_json_write(const json_t *v, size_t *len)
