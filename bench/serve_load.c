@@ -4,8 +4,9 @@
  * Starts build/sandboxd (--max-sessions above the conversation count) and
  * build/berth serve on it with a scripted model whose every turn runs one cell — the
  * user's message as code — and says "ran: <message>".  Opens --conversations
- * conversations (default 1000, spread over the two callers), then drives all of them
- * at once, each through --cells turns (default 10) one after another, at most
+ * conversations (default 1000, spread over the two callers), each on the handle and
+ * so the connection its turns then use, as a client with keep-alive does; then drives
+ * all of them at once, each through --cells turns (default 10) one after another, at most
  * --concurrency streams in flight (default: all).  The message of turn t of
  * conversation c is `v = "c<c>-t<t>"`, so every result names where it belongs.
  *
@@ -72,6 +73,9 @@ typedef struct run {
   plm_curl_ev cev;
   CURLM *multi;                  /* cev's */
   struct curl_slist *headers[2]; /* each caller's */
+  CURLU *open_url;               /* POST /v1/conversations, parsed once */
+  bool opening;                  /* phase one: the conversations are being opened */
+  unsigned opened, open_failed;
   conv *convs;
   unsigned n, cells, concurrency, in_flight, next;
   unsigned long long done, lost, misclassified, cells_ok;
@@ -91,36 +95,56 @@ static void problem(run *r, const char *fmt, const char *a, const char *b)
     snprintf(r->first_problem, sizeof r->first_problem, fmt, a, b);
 }
 
-/* Starts turn c->turn + 1 of conversation idx on the conversation's own easy handle. */
-static void start_turn(run *r, conv *c, unsigned idx)
+/* The conversation's own easy handle, made at its open and kept for its turns. */
+static void conv_handle(run *r, conv *c)
 {
-  char body[128];
-  snprintf(body, sizeof body, "{\"content\": \"v = \\\"c%u-t%u\\\"\"}", idx, c->turn + 1);
   st_stream *st = &c->st;
-  if (!st->easy) {
-    char url[256];
-    snprintf(url, sizeof url, "%s/v1/conversations/%s/messages", r->srv->url, c->id);
-    st->easy = curl_easy_init();
-    c->url = curl_url();
-    curl_url_set(c->url, CURLUPART_URL, url, 0);
-    /* the same every turn: libcurl copies the parsed parts where it would parse the
-     * text at each transfer, CPU this load would take from the server */
-    curl_easy_setopt(st->easy, CURLOPT_CURLU, c->url);
-    curl_easy_setopt(st->easy, CURLOPT_HTTPHEADER, r->headers[c->caller]);
-    curl_easy_setopt(st->easy, CURLOPT_WRITEFUNCTION, st_stream_write);
-    curl_easy_setopt(st->easy, CURLOPT_WRITEDATA, st);
-    curl_easy_setopt(st->easy, CURLOPT_PRIVATE, c);
-    curl_easy_setopt(st->easy, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(st->easy, CURLOPT_NOSIGNAL, 1L);
-  }
+  st->easy = curl_easy_init();
+  curl_easy_setopt(st->easy, CURLOPT_HTTPHEADER, r->headers[c->caller]);
+  curl_easy_setopt(st->easy, CURLOPT_WRITEFUNCTION, st_stream_write);
+  curl_easy_setopt(st->easy, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(st->easy, CURLOPT_PRIVATE, c);
+  curl_easy_setopt(st->easy, CURLOPT_TIMEOUT, 120L);
+  curl_easy_setopt(st->easy, CURLOPT_NOSIGNAL, 1L);
+}
+
+static void transfer(run *r, conv *c, const char *body)
+{
+  st_stream *st = &c->st;
   curl_easy_setopt(st->easy, CURLOPT_COPYPOSTFIELDS, body);
   st->len = 0;
   st->status = 0;
   st->started = st_now();
   curl_multi_add_handle(r->multi, st->easy);
-  c->turn++;
   c->active = true;
   r->in_flight++;
+}
+
+/* Opens conversation idx on its own handle (POST /v1/conversations). */
+static void start_open(run *r, conv *c, unsigned idx)
+{
+  c->caller = (int)(idx % 2);
+  conv_handle(r, c);
+  curl_easy_setopt(c->st.easy, CURLOPT_CURLU, r->open_url);
+  transfer(r, c, "{}");
+}
+
+/* Starts turn c->turn + 1 of conversation idx on the conversation's own easy handle. */
+static void start_turn(run *r, conv *c, unsigned idx)
+{
+  char body[128];
+  snprintf(body, sizeof body, "{\"content\": \"v = \\\"c%u-t%u\\\"\"}", idx, c->turn + 1);
+  if (!c->url) {
+    char url[256];
+    snprintf(url, sizeof url, "%s/v1/conversations/%s/messages", r->srv->url, c->id);
+    c->url = curl_url();
+    curl_url_set(c->url, CURLUPART_URL, url, 0);
+    /* the same every turn: libcurl copies the parsed parts where it would parse the
+     * text at each transfer, CPU this load would take from the server */
+    curl_easy_setopt(c->st.easy, CURLOPT_CURLU, c->url);
+  }
+  transfer(r, c, body);
+  c->turn++;
 }
 
 static void check_turn(run *r, conv *c, unsigned idx)
@@ -170,10 +194,37 @@ static void check_turn(run *r, conv *c, unsigned idx)
   json_decref(ev);
 }
 
+/* A conversation's open answered: its id, or the run fails. */
+static void open_done(run *r, conv *c, unsigned idx)
+{
+  st_stream *st = &c->st;
+  json_t *j = st->result == CURLE_OK ? json_loadb(st->buf ? st->buf : "", st->len, 0, NULL)
+                                     : NULL;
+  const char *id = json_string_value(json_object_get(j, "id"));
+  if (st->status != 201 || !id || strlen(id) >= sizeof c->id) {
+    fprintf(stderr, "serve_load: opening conversation %u: HTTP %ld (%s)\n", idx, st->status,
+            curl_easy_strerror(st->result));
+    r->open_failed++;
+  } else {
+    snprintf(c->id, sizeof c->id, "%s", id);
+    r->opened++;
+  }
+  json_decref(j);
+}
+
 /* Starts conversations not started yet as slots free up; ends the loop when every turn
  * is done, or when the time limit passed and nothing is in flight. */
 static void fill_and_maybe_end(run *r)
 {
+  if (r->opening) {
+    while (r->next < r->n && r->in_flight < r->concurrency) {
+      start_open(r, &r->convs[r->next], r->next);
+      r->next++;
+    }
+    if (r->opened + r->open_failed == r->n || r->open_failed)
+      ev_break(r->loop, EVBREAK_ALL);
+    return;
+  }
   while (r->next < r->n && r->in_flight < r->concurrency && st_now() < r->deadline) {
     start_turn(r, &r->convs[r->next], r->next);
     r->next++;
@@ -201,8 +252,12 @@ static void drain(void *ud)
     curl_easy_getinfo(st->easy, CURLINFO_RESPONSE_CODE, &st->status);
     c->active = false;
     r->in_flight--;
-    r->done++;
     unsigned idx = (unsigned)(c - r->convs);
+    if (r->opening) {
+      open_done(r, c, idx);
+      continue;
+    }
+    r->done++;
     check_turn(r, c, idx);
     if (c->turn < r->cells && st_now() < r->deadline)
       start_turn(r, c, idx);
@@ -294,21 +349,24 @@ int main(int argc, char **argv)
   curl_multi_setopt(r.multi, CURLMOPT_MAXCONNECTS, (long)concurrency + 16);
   for (int k = 0; k < 2; k++)
     r.headers[k] = st_headers(srv.token[k], "application/json");
-  double t_open = st_now();
+  /* Phase one: the conversations are opened through the load's own loop, each on
+   * the handle its turns use and at most --concurrency at once, so that their
+   * connections are in the multi handle's cache when the turns start.  A client that
+   * opens a conversation and then talks in it keeps its connection (HTTP keep-alive);
+   * opened one by one on connections of their own, every first turn connected anew. */
   char url[256];
   snprintf(url, sizeof url, "%s/v1/conversations", srv.url);
-  for (unsigned i = 0; i < n; i++) {
-    json_t *j = NULL;
-    r.convs[i].caller = (int)(i % 2);
-    long code = st_call_json("POST", url, srv.token[r.convs[i].caller], NULL, &j);
-    const char *id = json_string_value(json_object_get(j, "id"));
-    if (code != 201 || !id) {
-      fprintf(stderr, "serve_load: opening conversation %u: HTTP %ld\n", i, code);
-      json_decref(j);
-      goto out;
-    }
-    snprintf(r.convs[i].id, sizeof r.convs[i].id, "%s", id);
-    json_decref(j);
+  r.open_url = curl_url();
+  curl_url_set(r.open_url, CURLUPART_URL, url, 0);
+  double t_open = st_now();
+  r.opening = true;
+  fill_and_maybe_end(&r);
+  ev_run(r.loop, 0);
+  r.opening = false;
+  r.next = 0;
+  if (r.opened != n) {
+    fprintf(stderr, "serve_load: %u of %u conversations opened\n", r.opened, n);
+    goto out;
   }
   double opened = st_now() - t_open;
 
@@ -416,6 +474,7 @@ out:
     curl_url_cleanup(r.convs[i].url);
     free(st->buf);
   }
+  curl_url_cleanup(r.open_url);
   if (r.loop) {
     plm_curl_ev_fini(&r.cev);
     ev_loop_destroy(r.loop);
