@@ -914,6 +914,91 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   stop(t);
 }
 
+/* A model that reports how many messages it was given and whether their text could
+ * be written, then refuses the call: {"count": n, "text": true|false}. */
+static int texter_calls;
+
+static int texter_chat(berth_model *m, const berth_model_request *r, berth_delta_fn delta,
+                       berth_reply_fn done, void *ud, berth_model_call **call, char **err)
+{
+  (void)m, (void)delta, (void)done, (void)ud, (void)call;
+  texter_calls++;
+  const char *text;
+  size_t len;
+  bool ok = berth_request_text(r, "messages", &text, &len) == 0;
+  json_t *report = json_pack("{s:I, s:b}", "count", (json_int_t)berth_request_count(r),
+                             "text", ok);
+  *err = json_dumps(report, JSON_COMPACT);
+  json_decref(report);
+  return -1;
+}
+
+static const berth_model_ops texter_ops = {"texter", texter_chat, reader_cancel, reader_free};
+static berth_model texter = {&texter_ops};
+
+static void with_texter(berth_options *o) { o->model = &texter; }
+
+/* model.chat walks an array it checked before (in the same conversation, this turn or
+ * an earlier one) only from the entries appended since: the store's rule for
+ * ctx.messages (chat_request.h).  A new entry without a JSON form is refused as ever;
+ * an old one changed in place reaches the adapter, whose text of the messages then
+ * fails; the same entries in another table, or in one without the array marker, are
+ * walked whole. */
+static void test_model_chat_walks_only_the_entries_appended_since(void **state)
+{
+  (void)state;
+  ht *t = start_eval(with_texter);
+  int calls = texter_calls;
+  static const char chat[] =
+    "local function chat(msgs)\n"
+    "  local r, report, code = model.chat{messages = msgs}\n"
+    "  assert(r == nil and code == 'invalid_argument', code)\n"
+    "  return json.decode(report)\n"
+    "end\n";
+  char code[2048];
+  snprintf(code, sizeof code, "%s"
+    "local m = json.array{{role = 'user', content = 'a'}}\n"
+    "assert(chat(m).text)\n"
+    "m[2] = {role = 'user', content = print}\n"
+    "local ok, err = pcall(chat, m)\n"
+    "assert(not ok and err:find('$.messages[2].content', 1, true), err)\n"
+    "m[2] = {role = 'user', content = 'b'}\n"
+    "local seen = chat(m)\n"
+    "assert(seen.count == 2 and seen.text)\n"
+    "m[1].content = print\n"
+    "seen = chat(m)\n"
+    "assert(seen.count == 2 and not seen.text)\n"
+    "ok, err = pcall(chat, json.array{m[1], m[2]})\n"
+    "assert(not ok and err:find('$.messages[1].content', 1, true), err)\n"
+    "local plain = {{role = 'user', content = 'a'}}\n"
+    "assert(chat(plain).text)\n"
+    "plain[1].content = print\n"
+    "ok, err = pcall(chat, plain)\n"
+    "assert(not ok and err:find('$.messages[1].content', 1, true), err)\n"
+    "return 'ok'", chat);
+  assert_string_equal(turn(t, code), "ok");
+  assert_int_equal(texter_calls, calls + 4);
+  /* across turns: ctx.messages, checked in one turn, changed in place in the next */
+  snprintf(code, sizeof code, "%s"
+    "local ctx = ...\n"
+    "ctx.messages[1] = {role = 'user', content = 'a'}\n"
+    "return tostring(chat(ctx.messages).text)", chat);
+  assert_string_equal(turn(t, code), "true");
+  snprintf(code, sizeof code, "%s"
+    "local ctx = ...\n"
+    "ctx.messages[1].content = print\n"
+    "return tostring(chat(ctx.messages).text)", chat);
+  assert_string_equal(turn(t, code), "false");
+  snprintf(code, sizeof code, "%s"
+    "local ctx = ...\n"
+    "ctx.messages[1].content = 'a'\n"
+    "ctx.messages[2] = {content = print}\n"
+    "local ok, err = pcall(chat, ctx.messages)\n"
+    "return err", chat);
+  assert_contains(turn(t, code), "$.messages[2].content");
+  stop(t);
+}
+
 static void reader_in_32_mib(berth_options *o)
 {
   small_budget(o);
@@ -994,6 +1079,7 @@ int main(void)
     cmocka_unit_test(test_T16_warm_refuses_empty_ids_without_a_daemon),
     cmocka_unit_test(test_model_chat_with_deltas),
     cmocka_unit_test(test_model_reads_the_request_from_the_tables),
+    cmocka_unit_test(test_model_chat_walks_only_the_entries_appended_since),
     cmocka_unit_test(test_model_request_text_is_made_outside_the_lua_heap),
     cmocka_unit_test(test_idle_timeout_suspends),
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),

@@ -166,7 +166,36 @@ static int r_text(const berth_model_request *base, int k, const char **text, siz
 
 static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text, NULL};
 
-void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools)
+/* Whether the part at `idx` converts, walking only what `memo` has not seen of it
+ * (memo NULL: all of it); the memo then holds what is known of it. */
+static bool part_converts(lua_State *L, int idx, berth_chat_checked *memo, lua_Integer *length)
+{
+  lua_Integer n;
+  const void *table = lua_topointer(L, idx);
+  bool ok = memo && memo->ref && memo->table == table
+              ? berth_json_converts_from(L, idx, memo->n + 1, &n)
+              : berth_json_converts(L, idx, &n);
+  if (length)
+    *length = n;
+  if (!memo || !ok)
+    return ok;
+  if (memo->table != table || !memo->ref) {
+    int old = memo->ref;
+    *memo = (berth_chat_checked){0};   /* (luaL_ref may raise: memory) */
+    if (old)
+      luaL_unref(L, LUA_REGISTRYINDEX, old);
+    lua_pushvalue(L, idx);
+    int ref = luaL_ref(L, LUA_REGISTRYINDEX);     /* a table: never LUA_REFNIL, never 0 */
+    memo->ref = ref;
+    memo->table = table;
+  }
+  /* only an array with the marker is taken up where it was left (jsonlua.h) */
+  memo->n = n > 0 ? n : 0;
+  return ok;
+}
+
+void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools,
+                             berth_chat_checked *checked)
 {
   memset(r, 0, sizeof *r);
   r->base.ops = &chat_request_ops;
@@ -174,8 +203,10 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
   r->messages = lua_absindex(L, messages);
   r->tools = tools ? lua_absindex(L, tools) : 0;
   lua_Integer count;            /* what the check found messages to be: an array's length */
-  if (!berth_json_converts(L, r->messages, &count) ||
-      (r->tools && !berth_json_converts(L, r->tools, NULL))) {
+  if (!part_converts(L, r->messages, checked ? &checked[BERTH_CHAT_CHECKED_MESSAGES] : NULL,
+                     &count) ||
+      (r->tools && !part_converts(L, r->tools,
+                                  checked ? &checked[BERTH_CHAT_CHECKED_TOOLS] : NULL, NULL))) {
     /* The error names its path from the request, as it always has. */
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, r->messages);
@@ -205,4 +236,13 @@ void berth_chat_request_done(berth_chat_request *r)
     r->text[k] = NULL;
   }
   r->n_values = r->cap_values = 0;
+}
+
+void berth_chat_checked_forget(lua_State *L, berth_chat_checked *checked)
+{
+  for (int k = 0; k < BERTH_CHAT_CHECKED_PARTS; k++) {
+    if (checked[k].ref)
+      luaL_unref(L, LUA_REGISTRYINDEX, checked[k].ref);
+    checked[k] = (berth_chat_checked){0};
+  }
 }

@@ -849,6 +849,32 @@ bool berth_json_converts(lua_State *L, int idx, lua_Integer *length)
   return ok;
 }
 
+bool berth_json_converts_from(lua_State *L, int idx, lua_Integer from, lua_Integer *length)
+{
+  idx = lua_absindex(L, idx);
+  cwalk w;
+  get_markers(L, &w.array_mt, &w.object_mt, NULL);
+  w.length = -1;
+  const void *mt = NULL;
+  if (from > 1 && lua_type(L, idx) == LUA_TTABLE && lua_getmetatable(L, idx)) {
+    mt = lua_topointer(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_Integer n = mt && mt == w.array_mt ? (lua_Integer)lua_rawlen(L, idx) : -1;
+  if (n < from - 1 || !lua_checkstack(L, 4))
+    return berth_json_converts(L, idx, length);   /* not the array seen before: whole */
+  /* the entries check_table would check from `from` on, at the depth it would */
+  bool ok = true;
+  for (lua_Integer i = from; ok && i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    ok = check_value(L, &w, lua_gettop(L), 1);
+    lua_pop(L, 1);
+  }
+  if (length)
+    *length = ok ? n : -1;
+  return ok;
+}
+
 void berth_json_check_converts(lua_State *L, int idx)
 {
   if (!berth_json_converts(L, idx, NULL))

@@ -70,6 +70,11 @@ char *berth_json_encode_alloc(lua_State *L, int idx, size_t *len);
  * when the value converts to an array, else -1 ({} converts to an object).  Raises
  * only when memory runs out. */
 bool berth_json_converts(lua_State *L, int idx, lua_Integer *length);
+/* berth_json_converts for an array seen to convert before: when the value at `idx` is
+ * a table with the array marker and at least from - 1 entries, only its entries from
+ * `from` on are walked, those before taken to convert still (the caller's to know:
+ * chat_request.c); any other value is walked whole.  *length as there. */
+bool berth_json_converts_from(lua_State *L, int idx, lua_Integer from, lua_Integer *length);
 /* Raises berth_json_check's error (the path and what is wrong there) unless the value
  * at `idx` converts; builds a tree only for a value the walk says no to. */
 void berth_json_check_converts(lua_State *L, int idx);
