@@ -667,8 +667,21 @@ static void bench_provider(json_t *providers, const char *name, int warm)
         bench_data_stack(lj[0], name);
 }
 
-int main(void)
+static const char usage[] =
+    "usage: cells [--help]\n"
+    "Trivial cells end to end through the verified client, on each provider that works\n"
+    "here: warm cells, cold and pooled opens, an idle pool's CPU, the data stack.\n"
+    "  BENCH_PROVIDERS  the providers to run (a list: gvisor bwrap process echo)\n"
+    "  BENCH_WARM       warm cells a language (more than 10; default 300)\n"
+    "  BENCH_JSON       where to write the figures as JSON (bench/benchjson.h)\n";
+
+int main(int argc, char **argv)
 {
+    if (argc > 1) {             /* no options but --help: a mistyped one must not run it */
+        bool help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+        fputs(usage, help ? stdout : stderr);
+        return help ? 0 : 2;
+    }
     plm_global_init();
     signal(SIGPIPE, SIG_IGN);
     const char *only = getenv("BENCH_PROVIDERS");

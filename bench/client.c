@@ -234,12 +234,27 @@ static void bench_end_to_end(json_t *rows, size_t n, int iters, int cpu)
         sched_setaffinity(0, sizeof all, &all);
 }
 
+static const char usage[] =
+    "usage: client [--end-to-end N | --verify N | --help]\n"
+    "What verification costs the client: a session cell's verification against a bare\n"
+    "SHA-256, and the client's CPU per verified call through sandboxd (echo).\n"
+    "  --end-to-end N  only the calls through sandboxd, N bytes of code (a profiler's run)\n"
+    "  --verify N      only the verification of an N-byte stdout (a profiler's run)\n"
+    "  BENCH_JSON      where to write the figures as JSON (bench/benchjson.h)\n";
+
 int main(int argc, char **argv)
 {
+    bool help = argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    bool sized = argc == 3 && (!strcmp(argv[1], "--end-to-end") || !strcmp(argv[1], "--verify"));
+    char *end = NULL;
+    size_t n = sized ? strtoul(argv[2], &end, 10) : 0;
+    if (help || (argc > 1 && (!sized || !n || *end))) {  /* a mistyped option: not a run */
+        fputs(usage, help ? stdout : stderr);
+        return help ? 0 : 2;
+    }
     /* --end-to-end N: only the calls through sandboxd, N bytes of code, for a profiler */
     if (argc == 3 && strcmp(argv[1], "--end-to-end") == 0) {
         plm_global_init();
-        size_t n = strtoul(argv[2], NULL, 10);
         json_t *rows = json_array();
         bench_end_to_end(rows, n, n >= (1u << 20) ? 50 : 2000, -1);
         json_decref(rows);
@@ -248,7 +263,6 @@ int main(int argc, char **argv)
     /* --verify N: only the verification of an N-byte stdout, for a profiler */
     if (argc == 3 && strcmp(argv[1], "--verify") == 0) {
         plm_global_init();
-        size_t n = strtoul(argv[2], NULL, 10);
         json_t *rows = json_array();
         bench_verify(rows, n, n >= (1u << 20) ? 200 : 20000);
         json_decref(rows);
