@@ -302,11 +302,34 @@ static void test_direct_text_is_the_tree_text(void **state)
             "  0.5, 1.0, -0.0, 1e300, -1e-300, 5e-324, 1e17, 1e16, 123456789.125, 0.1, 2^53,\n"
             "  math.pi, 1 / 3, -2.5e-7, {x = 0.25}, {json.array{1.5}},\n"
             "}", true);
-  same_text("local ordered = setmetatable({b = 1, a = 2}, {__jsonorder = {'b'}})\n"
+  /* Objects of up to TEXT_OBJECT_MOST keys, and the order a metatable's __jsonorder
+   * gives (an executeCode result's), as fill_object writes them: the named keys
+   * first, each once, then the others in byte order; a metatable without one, or
+   * with one that is not a table, orders nothing; keys that are not strings make an
+   * array there too. */
+  same_text("local function keys(n) local t = {} for i = 1, n do t['k' .. i] = i end return t end\n"
+            "local order = {__jsonorder = {'stdout', 'language', 'stdout', 7, 'absent', 'exitCode'}}\n"
             "return {\n"
-            "  'bad \\255 utf8', {['\\255'] = 1},\n"
-            "  {a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8, i = 9}, ordered,\n"
-            "  setmetatable({}, {}),\n"
+            "  {a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8, i = 9}, keys(32),\n"
+            "  setmetatable({b = 1, a = 2}, {__jsonorder = {'b'}}), setmetatable({}, {}),\n"
+            "  setmetatable({language = 'python', exitCode = 0, stdout = 'x', stderr = '',\n"
+            "    timedOut = false, z = {1.5}, a = json.null}, order),\n"
+            "  setmetatable(keys(20), {__jsonorder = {'k20', 'k3', 'k10'}}),\n"
+            "  setmetatable({b = 1, a = 2}, {__jsonorder = 'b'}),\n"
+            "  setmetatable({b = 1, a = 2}, {__index = {}}), setmetatable({10, 20}, order),\n"
+            "  setmetatable({}, order), {nested = setmetatable({y = 1, x = 2}, {__jsonorder = {'y'}})},\n"
+            "  setmetatable(json.object{b = 1, a = 2}, nil), json.object(keys(9)),\n"
+            "}", true);
+  /* json.object's own order, when a script gives its metatable one (undone after) */
+  same_text("getmetatable(json.object{}).__jsonorder = {'c', 'b'}\n"
+            "return {json.object{a = 1, b = 2, c = 3}, json.object{}, {c = 1, a = 2}}", true);
+  lua_ok("getmetatable(json.object{}).__jsonorder = nil\n"
+         "assert(json.encode(json.object{b = 1, a = 2}) == '{\"a\":2,\"b\":1}')\n");
+  same_text("local function keys(n) local t = {} for i = 1, n do t['k' .. i] = i end return t end\n"
+            "return {\n"
+            "  'bad \\255 utf8', {['\\255'] = 1}, keys(33),\n"
+            "  setmetatable({b = 1, a = 2}, setmetatable({__jsonorder = {'a'}}, {})),\n"
+            "  setmetatable({x = '\\255'}, {__jsonorder = {'x'}}),\n"
             "}", false);
   /* What the tree refuses, the direct path gives up on, and json.encode raises. */
   lua_ok("local t = {} t.self = t\n"

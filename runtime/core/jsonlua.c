@@ -510,12 +510,14 @@ json_t *berth_json_check(lua_State *L, int idx)
  * freeing it cost about 5 700 instructions a message.  Only a value the tree path
  * would write without complaint is written here, in the same bytes (a real as
  * plm_json_put_real writes it, which is jansson's form): at a NaN or an infinity, a
- * metatable other than the two markers (it may order keys), a string or key that is
- * not well-formed UTF-8 (made well-formed there), an
- * object of more than SMALL_OBJECT keys, or anything the tree path refuses, the walk
+ * metatable with a metatable of its own (the tree path reads __jsonorder through it),
+ * a string or key that is not well-formed UTF-8 (made well-formed there), an object
+ * of more than TEXT_OBJECT_MOST keys, or anything the tree path refuses, the walk
  * gives up and the tree path does the whole value, errors included.  So the rules
  * stay in one place.  Nothing here raises or runs Lua code: raw accesses only, the
  * stack grown with lua_checkstack, the text in a C buffer. */
+#define TEXT_OBJECT_MOST 32     /* keys of an object whose pairs the walk holds on the
+                                   stack (a result of executeCode has 12) */
 typedef struct twalk {
   plm_json_out *o;
   const void *array_mt, *object_mt; /* NULL: tables with it give up */
@@ -523,23 +525,37 @@ typedef struct twalk {
 
 static bool text_value(lua_State *L, const twalk *w, int idx, int depth);
 
-/* The object at idx (at most SMALL_OBJECT keys, all strings): keys and values are
- * left on the stack as in fill_small_object, then written in byte order. */
-static bool text_object(lua_State *L, const twalk *w, int idx, int depth)
+/* Writes one member: its key, and its value from its slot. */
+static bool text_member(lua_State *L, const twalk *w, const skey *k, bool first, int depth)
 {
-  skey keys[SMALL_OBJECT];
+  if (!first)
+    plm_json_put_raw(w->o, ",", 1);
+  plm_json_put_string(w->o, k->s, k->len);
+  plm_json_put_raw(w->o, ":", 1);
+  return text_value(L, w, k->slot, depth + 1);
+}
+
+/* The object at idx (at most TEXT_OBJECT_MOST keys, all strings): keys and values are
+ * left on the stack as in fill_small_object, then written as fill_object orders them:
+ * the keys the table at `order` (0: none) names first, in its order, each once; the
+ * others in byte order. */
+static bool text_object(lua_State *L, const twalk *w, int idx, int depth, int order)
+{
+  skey keys[TEXT_OBJECT_MOST];
+  bool done[TEXT_OBJECT_MOST];
   int base = lua_gettop(L);
   size_t n = 0;
   bool ok = true;
   lua_pushnil(L);
   while (ok && lua_next(L, idx)) {
-    if (lua_type(L, -2) != LUA_TSTRING || n == SMALL_OBJECT) {
+    if (lua_type(L, -2) != LUA_TSTRING || n == TEXT_OBJECT_MOST) {
       ok = false;
       break;
     }
     keys[n].s = lua_tolstring(L, -2, &keys[n].len);
     keys[n].slot = lua_gettop(L);
     ok = plm_utf8_valid(keys[n].s, keys[n].len) && lua_checkstack(L, 3);
+    done[n] = false;
     n++;
     if (ok)
       lua_pushvalue(L, -2);     /* the key lua_next takes; the pair stays below */
@@ -547,13 +563,26 @@ static bool text_object(lua_State *L, const twalk *w, int idx, int depth)
   if (ok) {
     sort_keys(keys, n);
     plm_json_put_raw(w->o, "{", 1);
-    for (size_t i = 0; ok && i < n; i++) {
-      if (i)
-        plm_json_put_raw(w->o, ",", 1);
-      plm_json_put_string(w->o, keys[i].s, keys[i].len);
-      plm_json_put_raw(w->o, ":", 1);
-      ok = text_value(L, w, keys[i].slot, depth + 1);
+    bool first = true;
+    lua_Integer m = order ? (lua_Integer)lua_rawlen(L, order) : 0;
+    for (lua_Integer i = 1; ok && i <= m; i++) {
+      if (lua_rawgeti(L, order, i) == LUA_TSTRING) {
+        skey name;
+        name.s = lua_tolstring(L, -1, &name.len);
+        const skey *k = n ? bsearch(&name, keys, n, sizeof *keys, cmp_keys) : NULL;
+        if (k && !done[k - keys]) {  /* named twice: the tree sets it twice, in place */
+          done[k - keys] = true;
+          ok = text_member(L, w, k, first, depth);
+          first = false;
+        }
+      }
+      lua_pop(L, 1);
     }
+    for (size_t i = 0; ok && i < n; i++)
+      if (!done[i]) {
+        ok = text_member(L, w, &keys[i], first, depth);
+        first = false;
+      }
     plm_json_put_raw(w->o, "}", 1);
   }
   lua_settop(L, base);
@@ -581,26 +610,42 @@ static bool text_table(lua_State *L, const twalk *w, int idx, int depth)
   /* The tree path counts the root as 1 and refuses a table at MAX_DEPTH; a table
    * that contains itself reaches that limit and gives up too, for the tree path to
    * name it. */
-  if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 4))
+  if (depth + 1 >= MAX_DEPTH || !lua_checkstack(L, 6))
     return false;
+  int base = lua_gettop(L), order = 0;
+  bool marked_object = false;
   if (lua_getmetatable(L, idx)) {
     const void *mt = lua_topointer(L, -1);
-    lua_pop(L, 1);
-    if (mt == w->array_mt)
+    if (mt == w->array_mt) {
+      lua_settop(L, base);
       return text_array(L, w, idx, (lua_Integer)lua_rawlen(L, idx), depth);
-    return mt == w->object_mt && text_object(L, w, idx, depth);
+    }
+    marked_object = mt == w->object_mt;
+    /* fill_object's order: the metatable's __jsonorder, read as it reads it */
+    if (lua_getmetatable(L, -1)) {
+      lua_settop(L, base);
+      return false;
+    }
+    lua_pushliteral(L, "__jsonorder");
+    if (lua_rawget(L, -2) == LUA_TTABLE)
+      order = lua_gettop(L);
   }
+  bool ok;
   lua_pushnil(L);
   if (!lua_next(L, idx)) {
     plm_json_put_raw(w->o, "{}", 2);
-    return true;
+    ok = true;
+  } else {
+    int first = lua_type(L, -2);
+    lua_pop(L, 2);
+    lua_Integer n = 0;
+    if (first == LUA_TSTRING || marked_object)
+      ok = text_object(L, w, idx, depth, order);
+    else
+      ok = classify(L, idx, &n) == 1 && text_array(L, w, idx, n, depth);
   }
-  int first = lua_type(L, -2);
-  lua_pop(L, 2);
-  if (first == LUA_TSTRING)
-    return text_object(L, w, idx, depth);
-  lua_Integer n = 0;
-  return classify(L, idx, &n) == 1 && text_array(L, w, idx, n, depth);
+  lua_settop(L, base);
+  return ok;
 }
 
 static bool text_value(lua_State *L, const twalk *w, int idx, int depth)
@@ -700,10 +745,7 @@ static bool write_direct(lua_State *L, int idx, plm_json_out *o)
 {
   twalk w;
   w.o = o;
-  bool ordered;
-  get_markers(L, &w.array_mt, &w.object_mt, &ordered);
-  if (ordered)
-    w.object_mt = NULL;          /* json.object's order is the tree path's to follow */
+  get_markers(L, &w.array_mt, &w.object_mt, NULL);
   o->len = 0;
   o->failed = false;
   return text_value(L, &w, idx, 0) && !o->failed;

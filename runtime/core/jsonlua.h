@@ -55,8 +55,9 @@ void berth_json_pushnull(lua_State *L);
 void berth_json_encode(lua_State *L, int idx, int pretty);
 /* What berth_json_encode tries first for compact text: the text written straight from
  * the tables, with no jansson tree, pushed, and true.  False, with nothing pushed, for
- * a value only the tree path writes (a real, ill-formed UTF-8, a metatable other than
- * the markers, an object of more than 8 keys) or refuses.  The bytes are the tree
+ * a value only the tree path writes (ill-formed UTF-8, a metatable that has a
+ * metatable, an object of more than 32 keys) or refuses.  Objects ordered by their
+ * metatable's __jsonorder are written here, in that order.  The bytes are the tree
  * path's; it raises only when memory runs out. */
 bool berth_json_encode_direct(lua_State *L, int idx);
 /* The same bytes as berth_json_encode (compact), but malloc'd and NUL-terminated, its
