@@ -938,9 +938,8 @@ static berth_model texter = {&texter_ops};
 
 static void with_texter(berth_options *o) { o->model = &texter; }
 
-/* model.chat walks an array it checked before (in the same conversation, this turn or
- * an earlier one) only from the entries appended since: the store's rule for
- * ctx.messages (chat_request.h).  A new entry without a JSON form is refused as ever;
+/* model.chat walks an array it checked before (this turn or an earlier one) only from
+ * the entries appended since: the store's rule for ctx.messages (chat_request.c).  A new entry without a JSON form is refused as ever;
  * an old one changed in place reaches the adapter, whose text of the messages then
  * fails; the same entries in another table, or in one without the array marker, are
  * walked whole. */
@@ -968,6 +967,14 @@ static void test_model_chat_walks_only_the_entries_appended_since(void **state)
     "m[1].content = print\n"
     "seen = chat(m)\n"
     "assert(seen.count == 2 and not seen.text)\n"
+    /* an array that shrank is known to its new length: what grows back is new */
+    "m[1].content, m[2] = 'a', nil\n"
+    "assert(chat(m).count == 1)\n"
+    "m[2] = {role = 'user', content = print}\n"
+    "ok, err = pcall(chat, m)\n"
+    "assert(not ok and err:find('$.messages[2].content', 1, true), err)\n"
+    "m[2] = {role = 'user', content = 'b'}\n"
+    "m[1].content = print\n"
     "ok, err = pcall(chat, json.array{m[1], m[2]})\n"
     "assert(not ok and err:find('$.messages[1].content', 1, true), err)\n"
     "local plain = {{role = 'user', content = 'a'}}\n"
@@ -977,7 +984,7 @@ static void test_model_chat_walks_only_the_entries_appended_since(void **state)
     "assert(not ok and err:find('$.messages[1].content', 1, true), err)\n"
     "return 'ok'", chat);
   assert_string_equal(turn(t, code), "ok");
-  assert_int_equal(texter_calls, calls + 4);
+  assert_int_equal(texter_calls, calls + 5);
   /* across turns: ctx.messages, checked in one turn, changed in place in the next */
   snprintf(code, sizeof code, "%s"
     "local ctx = ...\n"

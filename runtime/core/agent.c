@@ -22,7 +22,6 @@
 #include "runtime.h"
 #include "xalloc.h"
 #include "jsonlua.h"
-#include "chat_request.h"
 #include "json_text.h"            /* lib/: the one compact JSON writer */
 #include "store/store.h"
 
@@ -94,8 +93,6 @@ struct berth_conv {
    * cost the running ones no heap and no collector's time. */
   bool unloaded;
   struct unload_wait *unload;    /* waiting for the store to commit the suspend */
-  /* what its model.chat calls checked (chat_request.h): forgotten with its ctx */
-  berth_chat_checked chat_checked[BERTH_CHAT_CHECKED_PARTS];
   plm_idmap_node runid_node;     /* in h->runids while registered */
 };
 
@@ -423,7 +420,6 @@ static void on_suspend_stored(void *ud, const berth_error *err)
         !c->unloaded) {
       luaL_unref(c->h->L, LUA_REGISTRYINDEX, c->ctx_ref);
       c->ctx_ref = LUA_NOREF;
-      berth_chat_checked_forget(c->h->L, c->chat_checked);
       c->h->mem.released = true;
       c->stored_tbl = NULL;
       c->unloaded = true;
@@ -1271,7 +1267,6 @@ unsigned berth_conv_turns(const berth_conv *c) { return c->turns; }
 void *berth_conv_userdata(const berth_conv *c) { return c->ud; }
 void berth_conv_set_userdata(berth_conv *c, void *ud) { c->ud = ud; }
 const char *berth_conv_warmed_run_id(const berth_conv *c) { return c->warmed; }
-berth_chat_checked *berth_conv_chat_checked(berth_conv *c) { return c->chat_checked; }
 
 void berth_conv_set_warmed(berth_conv *c, const char *run_id)
 {
@@ -1296,7 +1291,6 @@ void berth_conv_free(berth_conv *c)
   if (c->unload)
     c->unload->c = NULL;
   luaL_unref(h->L, LUA_REGISTRYINDEX, c->ctx_ref);
-  berth_chat_checked_forget(h->L, c->chat_checked);
   h->mem.released = true;
   if (c->prev)
     c->prev->next = c->next;

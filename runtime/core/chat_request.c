@@ -166,36 +166,67 @@ static int r_text(const berth_model_request *base, int k, const char **text, siz
 
 static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text, NULL};
 
-/* Whether the part at `idx` converts, walking only what `memo` has not seen of it
- * (memo NULL: all of it); the memo then holds what is known of it. */
-static bool part_converts(lua_State *L, int idx, berth_chat_checked *memo, lua_Integer *length)
+/* {------ what earlier calls checked
+ * A history is an array that grows by appending, and walking all of it at every call
+ * (twice a turn) was a sixth of berth serve's main thread at 30 turns a
+ * conversation, growing with every turn.  So the state keeps, in a table with weak
+ * keys, how many entries of each array with the marker a call found to convert; a
+ * later call with the same array walks only the entries appended since.  That is the
+ * store's rule for ctx.messages (runtime/README.md): an entry changed in place after
+ * a call saw it is not read again.  Such an entry reaches the adapter, whose reader
+ * of it fails (the call fails: nil, message, code) where model.chat would have
+ * raised.  The keys are the arrays themselves, so an entry goes with its array and
+ * holds nothing alive: not a conversation unloaded, nor an array a hook built for one
+ * call. */
+static const char checked_key = 0;
+
+/* Pushes the table of what was checked, made on first use. */
+static void push_checked(lua_State *L)
 {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &checked_key) == LUA_TTABLE)
+    return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &checked_key);
+}
+
+/* Whether the part at `idx` converts, walking only what no earlier call walked of
+ * it; *length as berth_json_converts's.  Raises only when memory runs out. */
+static bool part_converts(lua_State *L, int idx, lua_Integer *length)
+{
+  luaL_checkstack(L, 3, "model.chat");
+  push_checked(L);
+  int checked = lua_gettop(L);
+  lua_pushvalue(L, idx);
+  lua_Integer seen = lua_rawget(L, checked) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
   lua_Integer n;
-  const void *table = lua_topointer(L, idx);
-  bool ok = memo && memo->ref && memo->table == table
-              ? berth_json_converts_from(L, idx, memo->n + 1, &n)
-              : berth_json_converts(L, idx, &n);
+  bool ok = seen > 0 ? berth_json_converts_from(L, idx, seen + 1, &n)
+                     : berth_json_converts(L, idx, &n);
+  /* n is the number of entries only for an array (taken up again only with the
+   * marker: berth_json_converts_from); an array that shrank is known to its length */
+  if (ok && n != seen && lua_type(L, idx) == LUA_TTABLE) {
+    lua_pushvalue(L, idx);
+    if (n > 0)
+      lua_pushinteger(L, n);
+    else
+      lua_pushnil(L);
+    lua_rawset(L, checked);
+  }
+  lua_settop(L, checked - 1);
   if (length)
     *length = n;
-  if (!memo || !ok)
-    return ok;
-  if (memo->table != table || !memo->ref) {
-    int old = memo->ref;
-    *memo = (berth_chat_checked){0};   /* (luaL_ref may raise: memory) */
-    if (old)
-      luaL_unref(L, LUA_REGISTRYINDEX, old);
-    lua_pushvalue(L, idx);
-    int ref = luaL_ref(L, LUA_REGISTRYINDEX);     /* a table: never LUA_REFNIL, never 0 */
-    memo->ref = ref;
-    memo->table = table;
-  }
-  /* only an array with the marker is taken up where it was left (jsonlua.h) */
-  memo->n = n > 0 ? n : 0;
   return ok;
 }
 
-void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools,
-                             berth_chat_checked *checked)
+/* ------} */
+
+void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools)
 {
   memset(r, 0, sizeof *r);
   r->base.ops = &chat_request_ops;
@@ -203,10 +234,8 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
   r->messages = lua_absindex(L, messages);
   r->tools = tools ? lua_absindex(L, tools) : 0;
   lua_Integer count;            /* what the check found messages to be: an array's length */
-  if (!part_converts(L, r->messages, checked ? &checked[BERTH_CHAT_CHECKED_MESSAGES] : NULL,
-                     &count) ||
-      (r->tools && !part_converts(L, r->tools,
-                                  checked ? &checked[BERTH_CHAT_CHECKED_TOOLS] : NULL, NULL))) {
+  if (!part_converts(L, r->messages, &count) ||
+      (r->tools && !part_converts(L, r->tools, NULL))) {
     /* The error names its path from the request, as it always has. */
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, r->messages);
@@ -236,13 +265,4 @@ void berth_chat_request_done(berth_chat_request *r)
     r->text[k] = NULL;
   }
   r->n_values = r->cap_values = 0;
-}
-
-void berth_chat_checked_forget(lua_State *L, berth_chat_checked *checked)
-{
-  for (int k = 0; k < BERTH_CHAT_CHECKED_PARTS; k++) {
-    if (checked[k].ref)
-      luaL_unref(L, LUA_REGISTRYINDEX, checked[k].ref);
-    checked[k] = (berth_chat_checked){0};
-  }
 }

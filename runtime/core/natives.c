@@ -481,10 +481,8 @@ static int l_chat(lua_State *L)
   lua_getfield(L, 1, "messages");
   luaL_argexpected(L, lua_istable(L, 2), 1, "a table with a 'messages' array");
   lua_getfield(L, 1, "tools");
-  berth_task *t = berth_current_task(h);
   berth_chat_request req;
-  berth_chat_request_init(&req, L, 2, lua_isnil(L, 3) ? 0 : 3,
-                          t && t->conv ? berth_conv_chat_checked(t->conv) : NULL);
+  berth_chat_request_init(&req, L, 2, lua_isnil(L, 3) ? 0 : 3);
   chat_op *c = berth_op_push(L, sizeof *c, &chat_class);
   int idx = lua_gettop(L);
   lua_getfield(L, 1, "on_delta");

@@ -235,8 +235,6 @@ const char *berth_conv_warmed_run_id(const berth_conv *c);
 void berth_conv_set_warmed(berth_conv *c, const char *run_id);
 /* Pushes the conversation's ctx table. */
 void berth_conv_push_ctx(lua_State *L, berth_conv *c);
-/* What its model.chat calls checked (BERTH_CHAT_CHECKED_PARTS of them: chat_request.h). */
-struct berth_chat_checked *berth_conv_chat_checked(berth_conv *c);
 void berth_conv_kill_all(berth_host *h);
 /* An executeCode call of the conversation's running turn answered. */
 void berth_conv_cell_done(berth_conv *c, bool ok);
