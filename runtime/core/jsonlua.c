@@ -724,18 +724,14 @@ static plm_json_out *text_buffer(lua_State *L)
 }
 
 /* The two marker metatables, for the walks that compare pointers (NULL: not made yet
- * in this state); *ordered (when asked) whether a script gave json.object an
- * __jsonorder. */
-static void get_markers(lua_State *L, const void **array_mt, const void **object_mt,
-                        bool *ordered)
+ * in this state). */
+static void get_markers(lua_State *L, const void **array_mt, const void **object_mt)
 {
   int top = lua_gettop(L);
   luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
   *array_mt = lua_topointer(L, -1);
   luaL_getmetatable(L, BERTH_JSON_OBJECT_MT);
   *object_mt = lua_topointer(L, -1);
-  if (ordered)
-    *ordered = *object_mt && lua_getfield(L, -1, "__jsonorder") != LUA_TNIL;
   lua_settop(L, top);
 }
 
@@ -745,7 +741,7 @@ static bool write_direct(lua_State *L, int idx, plm_json_out *o)
 {
   twalk w;
   w.o = o;
-  get_markers(L, &w.array_mt, &w.object_mt, NULL);
+  get_markers(L, &w.array_mt, &w.object_mt);
   o->len = 0;
   o->failed = false;
   return text_value(L, &w, idx, 0) && !o->failed;
@@ -801,6 +797,20 @@ typedef struct cwalk {
 
 static bool check_value(lua_State *L, cwalk *w, int idx, int depth);
 
+/* Entries from..n of the array at idx, each checked one level below `depth`. */
+static bool check_entries(lua_State *L, cwalk *w, int idx, lua_Integer from, lua_Integer n,
+                          int depth)
+{
+  for (lua_Integer i = from; i <= n; i++) {
+    lua_rawgeti(L, idx, i);
+    bool ok = check_value(L, w, lua_gettop(L), depth + 1);
+    lua_pop(L, 1);
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
 /* One traversal a table: the keys are classified (as classify does) while the values
  * are checked, where a first pass over the keys and a second over the values cost a
  * history's walk half again as much. */
@@ -817,14 +827,7 @@ static bool check_table(lua_State *L, cwalk *w, int idx, int depth)
     lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
     if (depth == 0)
       w->length = n;
-    for (lua_Integer i = 1; i <= n; i++) {
-      lua_rawgeti(L, idx, i);
-      bool ok = check_value(L, w, lua_gettop(L), depth + 1);
-      lua_pop(L, 1);
-      if (!ok)
-        return false;
-    }
-    return true;
+    return check_entries(L, w, idx, 1, n, depth);
   }
   int base = lua_gettop(L);
   lua_pushnil(L);
@@ -883,7 +886,7 @@ bool berth_json_converts(lua_State *L, int idx, lua_Integer *length)
 {
   idx = lua_absindex(L, idx);
   cwalk w;
-  get_markers(L, &w.array_mt, &w.object_mt, NULL);   /* order is not checked */
+  get_markers(L, &w.array_mt, &w.object_mt);   /* order is not checked */
   w.length = -1;
   bool ok = check_value(L, &w, idx, 0);
   if (length)
@@ -895,7 +898,7 @@ bool berth_json_converts_from(lua_State *L, int idx, lua_Integer from, lua_Integ
 {
   idx = lua_absindex(L, idx);
   cwalk w;
-  get_markers(L, &w.array_mt, &w.object_mt, NULL);
+  get_markers(L, &w.array_mt, &w.object_mt);
   w.length = -1;
   const void *mt = NULL;
   if (from > 1 && lua_type(L, idx) == LUA_TTABLE && lua_getmetatable(L, idx)) {
@@ -906,12 +909,7 @@ bool berth_json_converts_from(lua_State *L, int idx, lua_Integer from, lua_Integ
   if (n < from - 1 || !lua_checkstack(L, 4))
     return berth_json_converts(L, idx, length);   /* not the array seen before: whole */
   /* the entries check_table would check from `from` on, at the depth it would */
-  bool ok = true;
-  for (lua_Integer i = from; ok && i <= n; i++) {
-    lua_rawgeti(L, idx, i);
-    ok = check_value(L, &w, lua_gettop(L), 1);
-    lua_pop(L, 1);
-  }
+  bool ok = check_entries(L, &w, idx, from, n, 0);
   if (length)
     *length = ok ? n : -1;
   return ok;
