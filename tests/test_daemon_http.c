@@ -682,10 +682,11 @@ static int raw_send(const sbx_proc *p, const char *method, const char *body)
     return fd;
 }
 
-/* Reads the whole answer (the daemon closes after it); bounded by 20 s. */
-static void raw_read(int fd, answer *a)
+/* What the daemon sends until it closes, bounded by 20 s (NUL-terminated, NULL for
+ * nothing), and closes fd.  A reset ends it too when `reset_ends` (a daemon that closes
+ * on bytes it did not read resets the connection); else it fails the test. */
+static char *raw_read_to_end(int fd, bool reset_ends)
 {
-    memset(a, 0, sizeof *a);
     char *buf = NULL;
     size_t len = 0;
     long long deadline = mono_ms() + 20000;
@@ -699,6 +700,8 @@ static void raw_read(int fd, answer *a)
         assert_true(rc > 0);
         char chunk[4096];
         ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n < 0 && reset_ends && errno == ECONNRESET)
+            break;
         assert_true(n >= 0);
         if (n == 0)
             break;
@@ -708,6 +711,14 @@ static void raw_read(int fd, answer *a)
         buf[len] = '\0';
     }
     close(fd);
+    return buf;
+}
+
+/* Reads the whole answer (the daemon closes after it); bounded by 20 s. */
+static void raw_read(int fd, answer *a)
+{
+    memset(a, 0, sizeof *a);
+    char *buf = raw_read_to_end(fd, false);
     assert_non_null(buf);
     assert_int_equal(sscanf(buf, "HTTP/1.1 %ld", &a->status), 1);
     char *head_end = strstr(buf, "\r\n\r\n");
@@ -1543,6 +1554,73 @@ static void test_D46_an_owner_cap_without_an_idle_session_is_refused_capacity(vo
 
 static void wait_for_log(const sbx_proc *p, const char *needle);
 
+/* OpenSession with a cookie of `n` bytes on a connection of its own: the status (0: closed
+ * with no answer), and the answer's Plimsoll-Not-Dispatched into `nd`. */
+static long open_with_cookie(const sbx_proc *p, size_t n, char nd[40])
+{
+    const char *body = "{\"protocol\": 3}";
+    char *req = fmt("POST " SVC "OpenSession HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Content-Type: application/json\r\nAuthorization: Bearer %s\r\n"
+                    "Connection: close\r\nCookie: x=%0*d\r\nContent-Length: %zu\r\n\r\n%s",
+                    p->token, (int)n, 0, strlen(body), body);
+    int fd = raw_connect(p);
+    raw_write(fd, req, strlen(req));
+    free(req);
+    char *buf = raw_read_to_end(fd, true);
+    long status = 0;
+    nd[0] = '\0';
+    if (buf) {
+        assert_int_equal(sscanf(buf, "HTTP/1.1 %ld", &status), 1);
+        const char *h = strstr(buf, "\r\nPlimsoll-Not-Dispatched: ");
+        if (h)
+            sscanf(h + 27, "%39[^\r]", nd);
+    }
+    free(buf);
+    return status;
+}
+
+/* A head that leaves libmicrohttpd too little of the connection's memory to answer
+ * (httpd/head.h) is refused with 431 before anything runs: a scan of one cookie's size
+ * across that edge (about 16 KB) opens a session only for a 200.  Without the guard,
+ * sizes there opened one and the connection closed with no answer. */
+static void test_431_a_head_too_large_to_answer_is_refused_before_anything_runs(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    static const char *const args[] = {"--max-sessions", "1000", "--max-sessions-per-caller",
+                                       "0", NULL};
+    start_daemon(&p, args);
+    int opened = 0, refused = 0;
+    for (size_t n = 15000; n <= 16600; n += (n < 15800 ? 100 : 5)) {
+        char nd[40];
+        long status = open_with_cookie(&p, n, nd);
+        if (status == 200)
+            opened++;
+        else if (status == 431 && nd[0]) { /* ours; libmicrohttpd's own has no header */
+            refused++;
+            assert_string_equal(nd, "request");
+        } else if (status != 431 && status != 0) /* 0: libmicrohttpd's own edge */
+            fail_msg("a cookie of %zu bytes: %ld", n, status);
+    }
+    session last;                   /* answered and logged after all the others */
+    open_session(&p, NULL, &last);
+    opened++;
+    char *line = fmt("session %.12s opened", last.fp);
+    wait_for_log(&p, line);
+    free(line);
+    char *log = sbx_read_log(&p);
+    assert_non_null(log);
+    int logged = 0;
+    for (const char *at = log; (at = strstr(at, " opened for caller ")); at++)
+        logged++;
+    free(log);
+    if (logged != opened)
+        fail_msg("%d sessions opened for %d answered 200 (%d refused)", logged, opened,
+                 refused);
+    assert_true(refused > 0);
+    sbx_stop(&p);
+}
+
 /* A quick cell is logged once, when answered (one write to stderr a cell, not two); a
  * cell still running a quarter of a second after its dispatch is logged then too, so
  * a call that never ends shows in the log.  Both lines name the fingerprint (D01). */
@@ -2259,6 +2337,7 @@ int main(void)
         cmocka_unit_test(test_D45_D48_the_owner_cap_replaces_the_least_recently_used_idle_session),
         cmocka_unit_test(test_D46_an_owner_cap_without_an_idle_session_is_refused_capacity),
         cmocka_unit_test(test_D01_log_a_quick_cell_once_a_slow_one_at_dispatch_too),
+        cmocka_unit_test(test_431_a_head_too_large_to_answer_is_refused_before_anything_runs),
         cmocka_unit_test(test_D57_D58_echo_counters_and_magic_cells),
         cmocka_unit_test(test_D60_E11_an_unknown_procedure_is_404_marked_unsupported),
         cmocka_unit_test(test_D60_E10_an_oversized_body_is_refused_before_the_handler),

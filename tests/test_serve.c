@@ -468,6 +468,80 @@ static void test_413_oversized_body(void **state)
   stop(s, 0);
 }
 
+static double metric(const char *text, const char *want);
+
+/* POST /v1/conversations with a cookie of `n` bytes: the status (0: closed with no
+ * answer); a 431's error code into `code`. */
+static long create_with_cookie(st_server *s, size_t n, char code[40])
+{
+  char *cookie = malloc(n + 16);
+  snprintf(cookie, n + 16, "Cookie: x=%0*d", (int)n, 0);
+  char auth[128];
+  snprintf(auth, sizeof auth, "Authorization: Bearer %s", s->token[0]);
+  struct curl_slist *h = curl_slist_append(NULL, auth);
+  h = curl_slist_append(h, "Content-Type: application/json");
+  h = curl_slist_append(h, cookie);
+  CURL *e = curl_easy_init();
+  curl_easy_setopt(e, CURLOPT_URL, st_url(s, "/v1/conversations"));
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, "{}");
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT, (long)WAIT);
+  FILE *body = tmpfile();
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
+  long status = 0;
+  if (curl_easy_perform(e) == CURLE_OK)
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  code[0] = '\0';
+  if (status == 431) {
+    rewind(body);
+    json_t *j = json_loadf(body, 0, NULL); /* (libmicrohttpd's own 431 is HTML) */
+    snprintf(code, 40, "%s", !j ? "(not JSON)" : error_code(j) ? error_code(j) : "");
+    json_decref(j);
+  }
+  fclose(body);
+  curl_slist_free_all(h);
+  curl_easy_cleanup(e);
+  free(cookie);
+  return status;
+}
+
+/* A head that leaves libmicrohttpd too little of the connection's memory to answer
+ * (httpd/head.h) is refused with 431 before anything happens: a scan of one cookie's
+ * size across that edge (about 16 KB) opens a conversation only for a 201.  Without the
+ * guard, three sizes there opened one and the connection closed with no answer. */
+static void test_431_a_head_too_large_to_answer_is_refused_before_it_acts(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  int created = 0, refused = 0, unanswered = 0;
+  for (size_t n = 15000; n <= 16600; n += (n < 15800 ? 100 : 5)) {
+    char code[40];
+    long status = create_with_cookie(s, n, code);
+    if (status == 201)
+      created++;
+    else if (status == 431) {
+      refused++;
+      if (strcmp(code, "headers_too_large") != 0 && strcmp(code, "(not JSON)") != 0)
+        fail_msg("a cookie of %zu bytes: 431 with code \"%s\"", n, code);
+    } else if (status == 0)
+      unanswered++;             /* libmicrohttpd's own edge: nothing was done */
+    else
+      fail_msg("a cookie of %zu bytes: %ld", n, status);
+  }
+  char code[40];
+  assert_int_equal(create_with_cookie(s, 100, code), 201);
+  created++;
+  assert_true(refused > 0);
+  char *metrics = NULL;
+  assert_int_equal(st_call("GET", st_url(s, "/metrics"), s->token[0], NULL, &metrics), 200);
+  double opened = metric(metrics, "berth_conversations_opened_total");
+  free(metrics);
+  if (opened != created)
+    fail_msg("%.0f conversations opened for %d answered 201 (%d refused, %d unanswered)",
+             opened, created, refused, unanswered);
+  stop(s, 0);
+}
+
 /* A DELETE during a turn waits for it (then onComplete runs); a client that goes away
  * mid-turn leaves the conversation usable. */
 static void test_delete_waits_and_clients_may_leave(void **state)
@@ -1186,6 +1260,7 @@ int main(void)
     cmocka_unit_test(test_user_and_queueing_in_one_conversation),
     cmocka_unit_test(test_other_callers_conversation_is_404),
     cmocka_unit_test(test_401_without_a_token),
+    cmocka_unit_test(test_431_a_head_too_large_to_answer_is_refused_before_it_acts),
     cmocka_unit_test(test_400_malformed_input_changes_nothing),
     cmocka_unit_test(test_400_reason_is_json_even_for_ill_formed_bytes),
     cmocka_unit_test(test_413_oversized_body),

@@ -35,6 +35,7 @@
 #include "store/store.h"
 #include "web.h"
 #include "connguard.h"           /* httpd/: what serve shares with sandboxd */
+#include "head.h"
 #include "listen.h"
 #include "mhd_ev.h"
 #include "tokens.h"
@@ -2327,9 +2328,17 @@ static bool take_body(request *q, const char *data, size_t n)
 }
 
 /* Checks on the request line and headers, before the body. */
-static enum MHD_Result check_head(request *q, const char *url, const char *method)
+static enum MHD_Result check_head(request *q, const char *url, const char *method,
+                                  const char *version)
 {
   server *s = q->s;
+  /* Before anything else: a head that would leave no room for the answer (head.h). */
+  size_t head = httpd_head_bytes(q->conn, method, url, version);
+  if (head > HTTPD_HEAD_MOST)
+    return queue(q, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
+                 error_response("headers_too_large", "the request's head takes %zu bytes "
+                                "of a connection's memory, over this server's limit of %zu",
+                                head, HTTPD_HEAD_MOST));
   unsigned page_status;         /* the page's own files (web.c): no token needed */
   struct MHD_Response *page = berth_web_response(q->conn, url, method, &page_status);
   if (page)
@@ -2382,7 +2391,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
-  (void)version;
   server *s = cls;
   request *q = *con_cls;
   if (!q) {
@@ -2394,7 +2402,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     snprintf(q->path, sizeof q->path, "%s", url);  /* (no query string: MHD parsed it) */
     *con_cls = q;
     s->active++;
-    return check_head(q, url, method);
+    return check_head(q, url, method, version);
   }
   if (q->response) {            /* answered while suspended */
     struct MHD_Response *r = q->response;
@@ -2994,6 +3002,7 @@ int berth_cmd_serve(int argc, char **argv)
     MHD_OPTION_NOTIFY_CONNECTION, connguard_notify, s->guard,
     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
     MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(s->guard),
+    MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTPD_POOL_BYTES,
     MHD_OPTION_END);
   if (!httpd_mhd_attach(&s->web, s->loop, s->mhd, &why)) {
     slog(s, "%s", why);

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "json_text.h"
 #include "connguard.h"
+#include "head.h"
 #include "listener.h"
 #include "mhd_ev.h"
 #include "tokens.h"
@@ -287,9 +288,20 @@ static sbx_err *before_handler(sbx_err *e, const char *header)
 }
 
 /* Checks on the request line and headers, before any of the body is read. */
-static sbx_err *check_headers(sbx_call *c, const char *url, const char *method)
+static sbx_err *check_headers(sbx_call *c, const char *url, const char *method,
+                              const char *version)
 {
     sbx_http *h = c->h;
+    /* Before anything else: a head that would leave no room for the answer (head.h). */
+    size_t head = httpd_head_bytes(c->conn, method, url, version);
+    if (head > HTTPD_HEAD_MOST) {
+        sbx_err *e = sbx_err_new(PLM_RESOURCE_EXHAUSTED, PLM_REFUSAL_NONE,
+                                 "the request's head takes %zu bytes of a connection's "
+                                 "memory, over this daemon's limit of %zu; nothing ran",
+                                 head, HTTPD_HEAD_MOST);
+        e->http_status = MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE;
+        return before_handler(e, "request");
+    }
     for (size_t i = 0; i < h->n_routes && !c->route; i++)
         if (strcmp(url, h->routes[i].path) == 0)
             c->route = &h->routes[i];
@@ -432,7 +444,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
-    (void)version;
     sbx_http *h = cls;
     sbx_call *c = *con_cls;
     if (!c) { /* headers are in, nothing of the body yet */
@@ -444,7 +455,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         h->active++;
         *con_cls = c;
         read_request_id(c);
-        sbx_err *e = check_headers(c, url, method);
+        sbx_err *e = check_headers(c, url, method, version);
         if (e)
             return refuse_now(c, e);
         connguard_trust(conn); /* a known caller: only MHD's idle timeout from now on */
@@ -575,6 +586,7 @@ sbx_http *sbx_http_new(struct ev_loop *loop, const sbx_config *cfg, const sbx_ro
         MHD_OPTION_NOTIFY_CONNECTION, connguard_notify, h->guard,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)120,
         MHD_OPTION_CONNECTION_LIMIT, connguard_mhd_limit(h->guard),
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, HTTPD_POOL_BYTES,
         MHD_OPTION_END);
     if (!httpd_mhd_attach(&h->mhd, loop, h->daemon, why)) {
         if (h->daemon)
