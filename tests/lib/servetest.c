@@ -321,12 +321,14 @@ struct curl_slist *st_headers(const char *token, const char *type)
   return h;
 }
 
-long st_call_type(const char *method, const char *url, const char *token, const char *body,
-                  const char *type, char **out)
+long st_call_extra(const char *method, const char *url, const char *token, const char *body,
+                   const char *type, const char *extra, char **out)
 {
   CURL *e = curl_easy_init();
   sink k = {NULL, 0, 0};
   struct curl_slist *h = st_headers(token, body ? type : NULL);
+  if (extra)
+    h = curl_slist_append(h, extra);
   curl_easy_setopt(e, CURLOPT_URL, url);
   curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
@@ -348,6 +350,12 @@ long st_call_type(const char *method, const char *url, const char *token, const 
   else
     free(k.buf);
   return status;
+}
+
+long st_call_type(const char *method, const char *url, const char *token, const char *body,
+                  const char *type, char **out)
+{
+  return st_call_extra(method, url, token, body, type, NULL, out);
 }
 
 long st_call(const char *method, const char *url, const char *token, const char *body,

@@ -56,6 +56,9 @@ long st_call(const char *method, const char *url, const char *token, const char 
              char **out);
 long st_call_type(const char *method, const char *url, const char *token, const char *body,
                   const char *type, char **out);
+/* The same, with one more header line `extra` ("Name: value"; NULL: none). */
+long st_call_extra(const char *method, const char *url, const char *token, const char *body,
+                   const char *type, const char *extra, char **out);
 /* The same, with a JSON answer parsed into *json (NULL if it is not JSON). */
 long st_call_json(const char *method, const char *url, const char *token, const char *body,
                   json_t **json);
