@@ -247,7 +247,7 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
             execl("/usr/bin/python3", "python3", "-I", "-c", kernel, prefix, token, (char *)NULL);
         else
             execl("/usr/bin/node", "node", "--expose-internals", "--experimental-vm-modules",
-                  "-e", kernel, prefix, token, (char *)NULL);
+                  "--no-concurrent-recompilation", "-e", kernel, prefix, token, (char *)NULL);
         _exit(127);
     }
     unsigned char body[128];

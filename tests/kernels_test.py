@@ -41,7 +41,8 @@ class Kernel:
         with open(os.path.join(KERNELS, "kernel." + ("py" if lang == "python" else "js"))) as f:
             src = f.read()
         argv = (["python3", "-I", "-c", src] if lang == "python" else
-                ["node", "--expose-internals", "--experimental-vm-modules", "-e", src])
+                ["node", "--expose-internals", "--experimental-vm-modules",
+                 "--no-concurrent-recompilation", "-e", src])
         # The kernel's stdout and stderr are opened apart from this side's ends, as the
         # supervisor opens them: a cell that sets their flags sets only its own.
         out, err = (os.open(prefix + "-" + name, os.O_WRONLY) for name in ("out", "err"))
