@@ -1160,6 +1160,51 @@ static void test_D43_cell_files_over_limits_or_unsafe_are_refused(void **state)
     close_expect(&shared, &s, "SESSION_END_CLOSED");
 }
 
+/* Sessions are found by their ids however many are held (the registry's table of them
+ * grows and shrinks): each call lands in its own session (its record names that
+ * session, its count is that session's), and a closed one is forgotten while its
+ * neighbours stay. */
+static void test_D11_each_of_many_sessions_is_found_by_its_own_id(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    sbx_proc p;
+    const char *args[] = {"--max-sessions", "300", "--max-sessions-per-caller", "300", NULL};
+    assert_int_equal(sbx_start(&p, args), 0);
+    session *s = calloc(N, sizeof *s);
+    assert_non_null(s);
+    for (int i = 0; i < N; i++)
+        open_session(&p, NULL, &s[i]);
+    char code[16], want[48];
+    for (int i = N - 1; i >= 0; i--) {
+        snprintf(code, sizeof code, "%d", i);
+        json_t *o = cell_ok(&p, &s[i], "python", code);
+        snprintf(want, sizeof want, "python 1: %d", i);
+        expect_stdout(json_object_get(json_object_get(o, "run"), "cell"), want);
+        json_decref(o);
+    }
+    for (int i = 0; i < N; i += 2)
+        close_expect(&p, &s[i], "SESSION_END_CLOSED");
+    for (int i = 0; i < N; i++) {
+        snprintf(code, sizeof code, "%d", i);
+        if (i % 2 == 0) {
+            answer a;
+            cell_refused_as(&p, p.token, &s[i], "python", code, &a);
+            expect_session_refusal(&a, 404, "not_found", PLM_END_NOT_FOUND, NULL);
+            answer_free(&a);
+            continue;
+        }
+        json_t *o = cell_ok(&p, &s[i], "python", code);
+        snprintf(want, sizeof want, "python 2: %d", i);
+        expect_stdout(json_object_get(json_object_get(o, "run"), "cell"), want);
+        json_decref(o);
+    }
+    for (int i = 1; i < N; i += 2)
+        close_expect(&p, &s[i], "SESSION_END_CLOSED");
+    free(s);
+    sbx_stop(&p);
+}
+
 static void test_D08_daemon_and_caller_caps_refuse_capacity(void **state)
 {
     (void)state;
@@ -2325,6 +2370,7 @@ int main(void)
         cmocka_unit_test(test_D43_cell_files_over_limits_or_unsafe_are_refused),
         cmocka_unit_test(test_D08_daemon_and_caller_caps_refuse_capacity),
         cmocka_unit_test(test_D11_unknown_and_foreign_session_ids_are_not_found),
+        cmocka_unit_test(test_D11_each_of_many_sessions_is_found_by_its_own_id),
         cmocka_unit_test(test_D12_D17_a_session_ending_in_a_call_is_reported_then_refused),
         cmocka_unit_test(test_D13_a_bad_cell_language_is_refused_even_on_an_ended_session),
         cmocka_unit_test(test_D14_a_second_waiter_is_refused_capacity),

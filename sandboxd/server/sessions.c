@@ -12,6 +12,7 @@
 #include "sessions.h"
 
 #include "config.h"
+#include "idmap.h"
 #include "log.h"
 #include "util.h"
 
@@ -32,7 +33,8 @@ struct sbx_session {
     int refs;
     sess_state state;
     char id[33];
-    char fp[65];
+    char fp[65];                   /* SHA-256 of the id, hex: logs name it, `live` is keyed by it */
+    plm_idmap_node by_fp;          /* in the registry's `live` while S_LIVE */
     char principal[65];
     char *owner;
     char *tier, *software_identity;
@@ -66,6 +68,7 @@ struct sbx_registry {
     const sbx_provider_ops *ops;
     sbx_provider *provider;
     sbx_session *sessions;         /* registered: open and tombstones */
+    plm_idmap live;                /* the same, by fingerprint: a call's lookup */
     sbx_session *opening;
     uint64_t clock;
     int provider_ops;              /* across all sessions */
@@ -247,6 +250,7 @@ void sbx_session_forget(sbx_session *s)
     ev_timer_stop(s->reg->loop, &s->tombstone);
     s->state = S_FORGOTTEN;
     list_del(&s->reg->sessions, s);
+    plm_idmap_remove(&s->reg->live, &s->by_fp);
     sbx_session_unref(s); /* the registry's reference */
 }
 
@@ -369,16 +373,20 @@ sbx_session *sbx_registry_find(sbx_registry *r, const char *id, const char *prin
 {
     if (!id || strlen(id) != 32 || strlen(principal) != 64)
         return NULL;
-    for (sbx_session *s = r->sessions; s; s = s->next) {
-        /* Constant-time on the capability; both compared in full. */
-        int differs = CRYPTO_memcmp(s->id, id, 32) | CRYPTO_memcmp(s->principal, principal, 64);
-        if (!differs) {
-            s->claimed = true;
-            sbx_session_ref(s);
-            return s;
-        }
-    }
-    return NULL;
+    /* Looked up by the id's SHA-256, never the id: how long the table's string
+     * compares take says nothing of the capability.  Then constant-time on it, both
+     * compared in full. */
+    plm_hex fp;
+    plm_sha256_hex(id, 32, fp);
+    plm_idmap_node *n = plm_idmap_get(&r->live, fp);
+    if (!n)
+        return NULL;
+    sbx_session *s = PLM_IDMAP_OWNER(n, sbx_session, by_fp);
+    if (CRYPTO_memcmp(s->id, id, 32) | CRYPTO_memcmp(s->principal, principal, 64))
+        return NULL;
+    s->claimed = true;
+    sbx_session_ref(s);
+    return s;
 }
 
 /* ---------------------------------------------------------------- open */
@@ -488,6 +496,9 @@ static void on_provider_opened(void *ud, sbx_err *err, sbx_psession *ps, const c
     s->tier = sbx_xstrdup(tier);
     s->software_identity = sbx_xstrdup(software_identity ? software_identity : "");
     list_add(&r->sessions, s);
+    s->by_fp.key = s->fp;
+    if (!plm_idmap_put(&r->live, &s->by_fp))
+        sbx_out_of_memory();
     s->state = S_LIVE;
     s->used = ++r->clock;
     s->expires_ms = sbx_now_ms() + s->lifetime_ms;
@@ -577,6 +588,7 @@ sbx_registry *sbx_registry_new(struct ev_loop *loop, const sbx_config *cfg,
     r->cfg = cfg;
     r->ops = ops;
     r->provider = provider;
+    plm_idmap_init(&r->live);
     ev_timer_init(&r->quiet_now, on_quiet_now, 0., 0.);
     r->quiet_now.data = r;
     return r;
@@ -639,5 +651,6 @@ void sbx_registry_free(sbx_registry *r)
         list_del(&r->opening, s);
         session_free(s);
     }
+    plm_idmap_free(&r->live); /* its entries were the sessions */
     free(r);
 }

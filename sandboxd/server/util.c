@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-static void out_of_memory(void)
+void sbx_out_of_memory(void)
 {
     fputs("sandboxd: out of memory\n", stderr);
     abort();
@@ -22,7 +22,7 @@ void *sbx_xmalloc(size_t n)
 {
     void *p = malloc(n ? n : 1);
     if (!p)
-        out_of_memory();
+        sbx_out_of_memory();
     return p;
 }
 
@@ -30,7 +30,7 @@ void *sbx_xcalloc(size_t n, size_t size)
 {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p)
-        out_of_memory();
+        sbx_out_of_memory();
     return p;
 }
 
@@ -38,7 +38,7 @@ void *sbx_xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);
     if (!q)
-        out_of_memory();
+        sbx_out_of_memory();
     return q;
 }
 
@@ -62,7 +62,7 @@ char *sbx_printf(const char *fmt, ...)
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
     if (n < 0)
-        out_of_memory(); /* only an encoding error can get here; treat as fatal */
+        sbx_out_of_memory(); /* only an encoding error can get here; treat as fatal */
     char *s = sbx_xmalloc((size_t)n + 1);
     va_start(ap, fmt);
     vsnprintf(s, (size_t)n + 1, fmt, ap);
@@ -90,7 +90,7 @@ char *sbx_base64(const unsigned char *data, size_t len, bool padded)
 {
     char *out = plm_base64_encode(data, len, padded);  /* the wire's one encoder */
     if (!out)
-        out_of_memory();
+        sbx_out_of_memory();
     return out;
 }
 

@@ -14,6 +14,8 @@
 
 #define SBX_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Says so on stderr and aborts (for allocations made elsewhere, plm_idmap_put's). */
+void sbx_out_of_memory(void) __attribute__((noreturn));
 void *sbx_xmalloc(size_t n);
 void *sbx_xcalloc(size_t n, size_t size);
 void *sbx_xrealloc(void *p, size_t n);
