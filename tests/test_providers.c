@@ -2196,13 +2196,15 @@ static void test_D06_D38_an_interpreter_that_cannot_start_is_not_offered(void **
     sbx_stop(&d);
 }
 
-static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state)
+/* A cell that writes past the budget and starts no process: the kernel's hint spares it
+ * the sweep's scan, never the disk's measure (a budget smaller than the sandbox's
+ * tmpfs sizes under bwrap; the host directory of the process provider). */
+static void files_over_the_disk_budget_end_the_session(const char *name)
 {
-    (void)state;
     sbx_proc d;
-    const char *args[] = {"--provider", "bwrap", "--pool", "0", "--session-disk-mb", "2", NULL};
+    const char *args[] = {"--provider", name, "--pool", "0", "--session-disk-mb", "2", NULL};
     if (sbx_start(&d, args) != 0) {
-        skip_missing_capability("skipped: bwrap is not available here\n");
+        skip_missing_capability("skipped: %s is not available here\n", name);
     }
     plm_client_options o;
     plm_client_options_init(&o);
@@ -2231,6 +2233,18 @@ static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state
     plm_session_free(s);
     plm_client_free(c);
     sbx_stop(&d);
+}
+
+static void test_D17_D24_files_over_the_disk_budget_end_the_session(void **state)
+{
+    (void)state;
+    files_over_the_disk_budget_end_the_session("bwrap");
+}
+
+static void test_D17_D24_process_files_over_the_disk_budget_end_the_session(void **state)
+{
+    (void)state;
+    files_over_the_disk_budget_end_the_session("process");
 }
 
 /* The echo provider runs no code, so it proves no package: Describe lists none. */
@@ -2332,6 +2346,7 @@ int main(void)
         cmocka_unit_test(test_D04_auto_serves_the_strongest_provider_that_passes),
         cmocka_unit_test(test_D06_D38_an_interpreter_that_cannot_start_is_not_offered),
         cmocka_unit_test(test_D17_D24_files_over_the_disk_budget_end_the_session),
+        cmocka_unit_test(test_D17_D24_process_files_over_the_disk_budget_end_the_session),
         cmocka_unit_test(test_I16_echo_lists_no_python_packages),
         cmocka_unit_test(test_kernels_embedded_in_the_binary_match_their_sources),
     };

@@ -1102,6 +1102,17 @@ static unsigned tasks_now(void)
     return sysinfo(&si) == 0 ? si.procs : 0;
 }
 
+/* Bytes on the sandbox's writable file systems: the work directory walked when it is a
+ * host directory (the process provider), else the three tmpfs' own counts. */
+static uint64_t disk_used(void)
+{
+    if (O.walk_disk) {
+        size_t entries = 0;
+        return walk(workfd, &entries);
+    }
+    return fs_used(O.work) + fs_used("/tmp") + fs_used("/dev/shm");
+}
+
 static void on_sweep(const unsigned char *pl, size_t len)
 {
     /* gVisor: when the sandbox holds exactly as many tasks as right after the last
@@ -1120,6 +1131,16 @@ static void on_sweep(const unsigned char *pl, size_t len)
         send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
         return;
     }
+    /* The disk alone: the kernel said its cell started no process (docs/daemon.md
+     * §5.4), and the daemon asks only for a budget the file systems' sizes do not hold.
+     * Nothing was scanned, so the gVisor baseline stays as the last scan left it. */
+    if ((flags & SUP_SWEEP_MEASURE) && !(flags & (SUP_SWEEP_THOROUGH | SUP_SWEEP_KERNELS))) {
+        unsigned char p[13] = {0};
+        p[4] = 1;
+        sup_put64(p + 5, disk_used());
+        send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+        return;
+    }
     bool clean;
     quiescing = (flags & SUP_SWEEP_KERNELS) != 0;
     if (quiescing)
@@ -1130,15 +1151,7 @@ static void on_sweep(const unsigned char *pl, size_t len)
         reap();
     quiescing = false;
     baseline = clean && O.count_tasks ? tasks_now() : 0;
-    uint64_t used = 0;
-    if (flags & SUP_SWEEP_MEASURE) {
-        if (O.walk_disk) {
-            size_t entries = 0;
-            used = walk(workfd, &entries);
-        } else {
-            used = fs_used(O.work) + fs_used("/tmp") + fs_used("/dev/shm");
-        }
-    }
+    uint64_t used = flags & SUP_SWEEP_MEASURE ? disk_used() : 0;
     unsigned char p[13];
     sup_put32(p, killed);
     p[4] = clean;

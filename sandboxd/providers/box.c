@@ -134,6 +134,7 @@ const char *const *sbx_box_supervisor_argv(const sbx_box *b) { return (const cha
 const char *sbx_box_id(const sbx_box *b) { return b->id; }
 bool sbx_box_ready(const sbx_box *b) { return b->state == B_READY && !b->dead; }
 bool sbx_box_alive(const sbx_box *b) { return !b->dead && b->state != B_CLOSING; }
+bool sbx_box_measures_disk(const sbx_box *b) { return b->measure; }
 void *sbx_box_backend_data(const sbx_box *b) { return b->bkdata; }
 void sbx_box_set_backend_data(sbx_box *b, void *data) { b->bkdata = data; }
 const char *sbx_box_host_io(const sbx_box *b) { return b->host_io; }

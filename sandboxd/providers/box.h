@@ -150,8 +150,13 @@ void sbx_box_cancel(sbx_box *b, int lang);
  * returns.  A box already dead or closing is left to that. */
 void sbx_box_abort(sbx_box *b, const char *why);
 /* Kills stray processes and measures the disk.  `thorough` when the last call may have
- * started a process: the supervisor then scans instead of trusting a task count. */
+ * started a process: the supervisor then scans instead of trusting a task count.  Not
+ * thorough on a box that measures its disk, the sweep only measures (the kernel said
+ * its cell started no process). */
 void sbx_box_sweep(sbx_box *b, bool thorough, sbx_sweep_cb cb, void *ud);
+/* Whether its sweeps measure the disk (box.h sbx_box_config.measure_disk): a budget its
+ * file systems' sizes do not already hold. */
+bool sbx_box_measures_disk(const sbx_box *b);
 /* A thorough sweep that kills the kernels too (before a project in a session): their
  * ends reach `ev.interp` before `cb` runs. */
 void sbx_box_quiesce(sbx_box *b, sbx_sweep_cb cb, void *ud);

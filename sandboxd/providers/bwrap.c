@@ -165,6 +165,7 @@ static const sbx_real_backend bwrap_backend = {
     .verify = bwrap_verify,
     .want_isolation = true,
     .want_seccomp = true,
+    .sweep_on_hint = true,
 };
 
 static sbx_provider *bwrap_provider_create(struct ev_loop *loop, const sbx_config *cfg, char **why)

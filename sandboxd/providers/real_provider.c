@@ -773,8 +773,10 @@ static void session_after_call(sbx_psession *s)
     }
     if (s->sweeping)
         return; /* a call refused while the last sweep ran: that sweep covers it */
-    if (p_sweeps_on_hint(s) && s->no_sweep)
-        return; /* the kernel says this cell started no process */
+    /* The kernel says this cell started no process: nothing to kill, and only a disk
+     * whose budget its file systems' sizes do not hold is measured. */
+    if (p_sweeps_on_hint(s) && s->no_sweep && !sbx_box_measures_disk(s->box))
+        return;
     s->sweeping = true;
     sbx_box_sweep(s->box, !s->no_sweep, on_swept, s);
 }

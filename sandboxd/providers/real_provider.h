@@ -63,8 +63,11 @@ typedef struct sbx_real_backend {
     bool want_isolation;           /* no network, read-only root, writable work dir */
     bool want_seccomp;             /* Seccomp: 2, NoNewPrivs: 1, no capabilities */
     bool want_other_kernel;        /* a kernel release other than the host's (gVisor) */
-    /* Sweeps cost enough here (gVisor: tens of microseconds per system call inside) that
-     * a cell whose kernel says it started no process is not swept after. */
+    /* Sweeps cost enough here (gVisor: tens of microseconds per system call inside; the
+     * process provider's scan reads the host's /proc; under bwrap the supervisor's two
+     * wake-ups were a quarter of a warm cell) that a cell whose kernel says it started
+     * no process is not swept after: only its disk is measured, where that is needed
+     * (sbx_box_measures_disk). */
     bool sweep_on_hint;
 } sbx_real_backend;
 
