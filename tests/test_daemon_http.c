@@ -1164,6 +1164,18 @@ static void test_D43_cell_files_over_limits_or_unsafe_are_refused(void **state)
  * grows and shrinks): each call lands in its own session (its record names that
  * session, its count is that session's), and a closed one is forgotten while its
  * neighbours stay. */
+/* Session i's next echo cell (its code is i): echo says which of the session's calls it
+ * is, and the record names the session (cell_ok checks it). */
+static void echo_of_session(const sbx_proc *p, session *s, int i)
+{
+    char code[16], want[48];
+    snprintf(code, sizeof code, "%d", i);
+    json_t *o = cell_ok(p, s, "python", code);
+    snprintf(want, sizeof want, "python %" PRIu64 ": %d", s->calls, i);
+    expect_stdout(json_object_get(json_object_get(o, "run"), "cell"), want);
+    json_decref(o);
+}
+
 static void test_D11_each_of_many_sessions_is_found_by_its_own_id(void **state)
 {
     (void)state;
@@ -1175,29 +1187,19 @@ static void test_D11_each_of_many_sessions_is_found_by_its_own_id(void **state)
     assert_non_null(s);
     for (int i = 0; i < N; i++)
         open_session(&p, NULL, &s[i]);
-    char code[16], want[48];
-    for (int i = N - 1; i >= 0; i--) {
-        snprintf(code, sizeof code, "%d", i);
-        json_t *o = cell_ok(&p, &s[i], "python", code);
-        snprintf(want, sizeof want, "python 1: %d", i);
-        expect_stdout(json_object_get(json_object_get(o, "run"), "cell"), want);
-        json_decref(o);
-    }
+    for (int i = N - 1; i >= 0; i--)
+        echo_of_session(&p, &s[i], i);
     for (int i = 0; i < N; i += 2)
         close_expect(&p, &s[i], "SESSION_END_CLOSED");
     for (int i = 0; i < N; i++) {
-        snprintf(code, sizeof code, "%d", i);
-        if (i % 2 == 0) {
-            answer a;
-            cell_refused_as(&p, p.token, &s[i], "python", code, &a);
-            expect_session_refusal(&a, 404, "not_found", PLM_END_NOT_FOUND, NULL);
-            answer_free(&a);
+        if (i % 2) {
+            echo_of_session(&p, &s[i], i);
             continue;
         }
-        json_t *o = cell_ok(&p, &s[i], "python", code);
-        snprintf(want, sizeof want, "python 2: %d", i);
-        expect_stdout(json_object_get(json_object_get(o, "run"), "cell"), want);
-        json_decref(o);
+        answer a;
+        cell_refused_as(&p, p.token, &s[i], "python", "1", &a);
+        expect_session_refusal(&a, 404, "not_found", PLM_END_NOT_FOUND, NULL);
+        answer_free(&a);
     }
     for (int i = 1; i < N; i += 2)
         close_expect(&p, &s[i], "SESSION_END_CLOSED");
