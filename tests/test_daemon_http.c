@@ -1160,10 +1160,6 @@ static void test_D43_cell_files_over_limits_or_unsafe_are_refused(void **state)
     close_expect(&shared, &s, "SESSION_END_CLOSED");
 }
 
-/* Sessions are found by their ids however many are held (the registry's table of them
- * grows and shrinks): each call lands in its own session (its record names that
- * session, its count is that session's), and a closed one is forgotten while its
- * neighbours stay. */
 /* Session i's next echo cell (its code is i): echo says which of the session's calls it
  * is, and the record names the session (cell_ok checks it). */
 static void echo_of_session(const sbx_proc *p, session *s, int i)
@@ -1176,6 +1172,10 @@ static void echo_of_session(const sbx_proc *p, session *s, int i)
     json_decref(o);
 }
 
+/* Sessions are found by their ids however many are held (the registry's table of them
+ * grows and shrinks): each call lands in its own session (its record names that
+ * session, its count is that session's), and a closed one is forgotten while its
+ * neighbours stay. */
 static void test_D11_each_of_many_sessions_is_found_by_its_own_id(void **state)
 {
     (void)state;

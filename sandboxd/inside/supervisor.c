@@ -1113,6 +1113,16 @@ static uint64_t disk_used(void)
     return fs_used(O.work) + fs_used("/tmp") + fs_used("/dev/shm");
 }
 
+/* SUP_SWEPT: processes killed, whether the strays are proven gone, bytes on disk. */
+static void send_swept(uint32_t killed, bool clean, uint64_t used)
+{
+    unsigned char p[13];
+    sup_put32(p, killed);
+    p[4] = clean;
+    sup_put64(p + 5, used);
+    send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+}
+
 static void on_sweep(const unsigned char *pl, size_t len)
 {
     /* gVisor: when the sandbox holds exactly as many tasks as right after the last
@@ -1126,19 +1136,14 @@ static void on_sweep(const unsigned char *pl, size_t len)
     unsigned flags = len >= 1 ? pl[0] : 0;
     if (O.count_tasks && baseline && !(flags & (SUP_SWEEP_MEASURE | SUP_SWEEP_THOROUGH)) &&
         tasks_now() == baseline) {
-        unsigned char p[13] = {0};
-        p[4] = 1;
-        send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+        send_swept(0, true, 0);
         return;
     }
     /* The disk alone: the kernel said its cell started no process (docs/daemon.md
      * §5.4), and the daemon asks only for a budget the file systems' sizes do not hold.
      * Nothing was scanned, so the gVisor baseline stays as the last scan left it. */
     if ((flags & SUP_SWEEP_MEASURE) && !(flags & (SUP_SWEEP_THOROUGH | SUP_SWEEP_KERNELS))) {
-        unsigned char p[13] = {0};
-        p[4] = 1;
-        sup_put64(p + 5, disk_used());
-        send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+        send_swept(0, true, disk_used());
         return;
     }
     bool clean;
@@ -1151,12 +1156,7 @@ static void on_sweep(const unsigned char *pl, size_t len)
         reap();
     quiescing = false;
     baseline = clean && O.count_tasks ? tasks_now() : 0;
-    uint64_t used = flags & SUP_SWEEP_MEASURE ? disk_used() : 0;
-    unsigned char p[13];
-    sup_put32(p, killed);
-    p[4] = clean;
-    sup_put64(p + 5, used);
-    send_frame(SUP_SWEPT, SUP_LANG_NONE, p, sizeof p);
+    send_swept(killed, clean, flags & SUP_SWEEP_MEASURE ? disk_used() : 0);
 }
 
 /* ---------------------------------------------------------------- the loop */
