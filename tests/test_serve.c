@@ -1030,6 +1030,38 @@ static void test_sigterm_cancels_after_the_grace(void **state)
  * connections (half silent, half with headers that never end): a turn streaming
  * since before the flood runs to its end past the header timeout, a caller opens a
  * conversation during the flood, and every idle connection is closed soon after. */
+/* A number after `label` in /proc/PID/`file` (0 if none). */
+static unsigned long proc_number(pid_t pid, const char *file, const char *label)
+{
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+  FILE *f = fopen(path, "r");
+  unsigned long v = 0;
+  size_t n = strlen(label);
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, label, n) && sscanf(line + n, "%lu", &v) == 1)
+      break;
+  if (f)
+    fclose(f);
+  return v;
+}
+
+/* The server's descriptor table holds its connections from the start: grown by the
+ * kernel as they come, each doubling would stall its loop for an RCU grace period
+ * (connguard.h), since the store's threads share the table. */
+static void test_serve_sizes_its_descriptor_table_before_its_threads_start(void **state)
+{
+  (void)state;
+  st_server *s = serve(NULL);
+  unsigned long soft = proc_number(s->pid, "limits", "Max open files");
+  unsigned long want = soft < 16384 ? soft : 16384;
+  unsigned long table = proc_number(s->pid, "status", "FDSize:");
+  if (table < want)
+    fail_msg("a descriptor table of %lu for a limit of %lu", table, soft);
+  assert_true(proc_number(s->pid, "status", "Threads:") > 1);  /* what makes it matter */
+  stop(s, 0);
+}
+
 static void test_I11_9_an_idle_connection_flood_locks_no_caller_out(void **state)
 {
   (void)state;
@@ -1259,6 +1291,7 @@ int main(void)
     cmocka_unit_test(test_metrics_listen_serves_metrics_without_a_token),
     cmocka_unit_test(test_sigterm_finishes_turns_and_disposes),
     cmocka_unit_test(test_sigterm_cancels_after_the_grace),
+    cmocka_unit_test(test_serve_sizes_its_descriptor_table_before_its_threads_start),
     cmocka_unit_test(test_I11_9_an_idle_connection_flood_locks_no_caller_out),
     cmocka_unit_test(test_I11_local_sandboxd_killed_is_restarted),
     cmocka_unit_test(test_operators_json_log_access_records_hook_error_ids_readyz),

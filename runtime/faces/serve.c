@@ -56,7 +56,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -2780,15 +2779,6 @@ static void guard_notice(void *ud, const char *line)
   slog(ud, "http: %s", line);
 }
 
-static void raise_fd_limit(void)
-{
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
-}
-
 int berth_cmd_serve(int argc, char **argv)
 {
   serve_args a;
@@ -2801,7 +2791,9 @@ int berth_cmd_serve(int argc, char **argv)
                     "scripted:FILE\n");
     return 2;
   }
-  raise_fd_limit();
+  /* Every connection is a descriptor: take all the kernel allows, and size the table
+   * for them before the store's threads start (connguard.h says why). */
+  connguard_reserve_fds(connguard_raise_fd_limit());
   server srv;
   server *s = &srv;
   memset(s, 0, sizeof *s);
