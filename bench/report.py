@@ -13,7 +13,9 @@ curve.  This script then merges the fragments into bench/results.json:
                       {"runs": [FRAGMENT, ...], "curve": TABLE},
                   "turns_held": {"runs": [FRAGMENT, ...], "curves": {ENGINE: TABLE}}},
                   (a turns_per_second or turns_held run is the median of its point's
-                  rounds by turns/s, with every round's turns/s in rounds_rate_wall)
+                  rounds by turns/s, with every round's turns/s in rounds_rate_wall;
+                  a serve_load run the median by p99, with every round's rate, p99
+                  and losses in rounds)
    "failed": [{"bench", "args", "exit"}], "plots": [paths]}
 
 where a TABLE is {"x": {name, unit}, "columns": [{name, unit}], "rows": [[x, ...]]}, and
@@ -58,16 +60,20 @@ HELD_POINTS = [0, 1000, 10000, 100000]
 HELD_ENGINES = ["memory", "sqlite"]
 HELD_ROUNDS = 3  # each point is the run of median turns/s (this machine varies 20-40 %)
 TPS_ROUNDS = 3   # the same for turns_per_second's points: a run at 1 000 lasts 0.2 s
+# serve_load's points: each is the run of median p99.  A run's p99 is its first turns',
+# which all start at once: a stall of the machine's in those 20-40 ms moves it whole
+# (the same build read 26-50 ms at 100 in eight runs in a row, docs/performance.md §1)
+SERVE_ROUNDS = 3
 QUICK = False
 
 
 def plan():
-    global HELD_ROUNDS, TPS_ROUNDS
+    global HELD_ROUNDS, TPS_ROUNDS, SERVE_ROUNDS
     if QUICK:
         TPS_POINTS[:] = IDLE_POINTS[:] = [100, 1000]
         SERVE_POINTS[:] = [10, 100]
         HELD_POINTS[:] = [0, 1000]
-        HELD_ROUNDS = TPS_ROUNDS = 1
+        HELD_ROUNDS = TPS_ROUNDS = SERVE_ROUNDS = 1
     runs = [("client", "client", []), ("cells", "cells", [])]
     # the stores: PostgreSQL in a private cluster the benchmark starts (when installed)
     engines = "memory,sqlite" + (",postgresql" if glob.glob("/usr/lib/postgresql/*/bin/initdb")
@@ -84,8 +90,8 @@ def plan():
              for k in range(HELD_ROUNDS) for engine in HELD_ENGINES for n in HELD_POINTS]
     runs += [("idle_memory", "idle_memory-%d" % n, ["--conversations", str(n)])
              for n in IDLE_POINTS]
-    runs += [("serve_load", "serve_load-%d" % n, ["--conversations", str(n)])
-             for n in SERVE_POINTS]
+    runs += [("serve_load", "serve_load-%d-r%d" % (n, k), ["--conversations", str(n)])
+             for k in range(SERVE_ROUNDS) for n in SERVE_POINTS]
     return runs
 
 
@@ -185,16 +191,42 @@ def pct(p):
     return lambda r: r["turn_latency"]["percentiles"][p]
 
 
+def rounds_of(frags, tag, rounds):
+    """The fragments of tag-r0 ... that ran, in the order they ran."""
+    return [f for f in (load(frags, "%s-r%d" % (tag, k)) for k in range(rounds)) if f]
+
+
 def median_round(frags, tag, rounds):
     """The fragment of the round with the median turns/s among tag-r0 ... (None if
     none ran), with every round's turns/s in rounds_rate_wall."""
-    got = sorted((f for f in (load(frags, "%s-r%d" % (tag, k)) for k in range(rounds)) if f),
-                 key=lambda r: val(r["rate_wall"]))
+    got = sorted(rounds_of(frags, tag, rounds), key=lambda r: val(r["rate_wall"]))
     if not got:
         return None
     median = dict(got[(len(got) - 1) // 2])
     median["rounds_rate_wall"] = [val(r["rate_wall"]) for r in got]
     return median
+
+
+def serve_lost(r):
+    return val(r["lost"]) + val(r["never_finished"])
+
+
+def median_serve_round(frags, tag, rounds):
+    """The serve_load fragment of the round with the median p99 among tag-r0 ... (None
+    if none ran), with every round's rate, p99 and losses in "rounds", in the order they
+    ran: a turn lost or misclassified in any round is never hidden by the median."""
+    ran = rounds_of(frags, tag, rounds)
+    if not ran:
+        return None
+    median = dict(sorted(ran, key=pct("p99"))[(len(ran) - 1) // 2])
+    median["rounds"] = [{"rate": val(r["rate"]), "p99": pct("p99")(r), "lost": serve_lost(r),
+                         "misclassified": val(r["misclassified"])} for r in ran]
+    return median
+
+
+def all_rounds(r, key, own):
+    """The sum of a figure over every round of a run (its own when it has no rounds)."""
+    return sum(x[key] for x in r["rounds"]) if "rounds" in r else own(r)
 
 
 def merge(frags):
@@ -221,12 +253,16 @@ def merge(frags):
             ("latency_p50", "ms", pct("p50")), ("latency_p90", "ms", pct("p90")),
             ("latency_p99", "ms", pct("p99")),
             ("latency_max", "ms", lambda r: r["turn_latency"]["max"]),
-            ("lost", "turns", lambda r: val(r["lost"]) + val(r["never_finished"])),
-            ("misclassified", "turns", lambda r: val(r["misclassified"]))]),
+            ("lost", "turns", lambda r: all_rounds(r, "lost", serve_lost)),
+            ("misclassified", "turns",
+             lambda r: all_rounds(r, "misclassified", lambda x: val(x["misclassified"])))]),
     }
     for name, (points, columns) in scale.items():
         if name == "turns_per_second":
             runs = [r for r in (median_round(frags, "%s-%d" % (name, n), TPS_ROUNDS)
+                                for n in points) if r]
+        elif name == "serve_load":
+            runs = [r for r in (median_serve_round(frags, "%s-%d" % (name, n), SERVE_ROUNDS)
                                 for n in points) if r]
         else:
             runs = [f for f in (load(frags, "%s-%d" % (name, n)) for n in points) if f]

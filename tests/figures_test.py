@@ -54,7 +54,12 @@ def main():
             run["client_cpu"]["value"] = 61.0
         if run["stdout"]["value"] == 32768:
             run["client_cpu"]["value"] = 149.0
+    for run in r["benchmarks"]["client"]["end_to_end"]:
+        if run["stdout"]["value"] == 1024:
+            run["starts"] = [72.5, 61.0, 48.0]
     cells = row(r, "client CPU")
+    check("test_client_cpu_at_1_kib_shows_every_start",
+          cells and "1 KiB 61.0 µs (median of 72.5 µs, 61.0 µs, 48.0 µs)" in cells[1], cells)
     check("test_client_cpu_past_its_line_is_not_met",
           cells and "≤ 50 µs at 1 KiB: **not met** (61.0 µs)" in cells[2], cells)
     check("test_client_cpu_under_its_line_is_met",
@@ -75,10 +80,21 @@ def main():
     check("test_serve_at_5000_turns_and_p99_29_ms_is_met",
           cells and "≥ 5 000 turns/s at 100 streams: met" in cells[2]
           and "p99 ≤ 30 ms there: met" in cells[2], cells)
+    at100.pop("rounds", None)     # a run of its own: its own count
     at100["lost"]["value"] = 1
     cells = row(r, "`berth serve`")
     check("test_a_lost_turn_is_named",
           cells and "nothing lost or misclassified: **not met** (1 lost, 0 misclassified)"
+          in cells[2], cells)
+    at100["lost"]["value"] = 0
+    at100["rounds"] = [{"rate": 7000.0, "p99": 26.0, "lost": 0, "misclassified": 0},
+                       {"rate": 5200.0, "p99": 44.0, "lost": 0, "misclassified": 1},
+                       {"rate": 6900.0, "p99": 29.0, "lost": 0, "misclassified": 0}]
+    cells = row(r, "`berth serve`")
+    check("test_serve_shows_every_runs_p99",
+          cells and "runs' p99 26 ms, 44 ms, 29 ms" in cells[1], cells)
+    check("test_a_turn_misclassified_in_a_run_not_the_median_is_named",
+          cells and "nothing lost or misclassified: **not met** (0 lost, 1 misclassified)"
           in cells[2], cells)
 
     r = copy.deepcopy(results)

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Tests of bench/report.py's runner: a benchmark still running after BENCH_TIMEOUT
-seconds is killed with what it started and reported failed, and `make bench` goes on;
-one that ends is not reported.
+"""Tests of bench/report.py: a benchmark still running after BENCH_TIMEOUT seconds is
+killed with what it started and reported failed, and `make bench` goes on; one that
+ends is not reported.  A serve_load point is its run of median p99, and a turn lost in
+any of its runs still counts.
 
     python3 tests/report_test.py
 
 Prints one line per failed check and cmocka-style summary lines; exits non-zero on any
 failure.
 """
+import json
 import os
 import sys
 import tempfile
@@ -60,12 +62,37 @@ def test_a_hung_benchmark_is_killed_with_what_it_started_and_reported():
     check(name + ": what it started is gone too", child and not alive(child), child)
 
 
+def test_a_serve_point_is_its_run_of_median_p99_with_every_runs_losses():
+    name = "test_a_serve_point_is_its_run_of_median_p99_with_every_runs_losses"
+    frags = tempfile.mkdtemp(prefix="report-")
+    runs = [(6900.0, 29.0, 0, 0), (5200.0, 44.0, 1, 0), (7000.0, 26.0, 0, 2)]
+    for k, (rate, p99, lost, wrong) in enumerate(runs):
+        frag = {"bench": "serve_load", "params": {"conversations": 100},
+                "rate": {"value": rate, "unit": "turns/s"},
+                "turn_latency": {"percentiles": {"p99": p99}, "max": p99},
+                "lost": {"value": lost, "unit": "turns"},
+                "never_finished": {"value": 0, "unit": "turns"},
+                "misclassified": {"value": wrong, "unit": "turns"}}
+        with open(os.path.join(frags, "serve_load-100-r%d.json" % k), "w") as f:
+            json.dump(frag, f)
+    got = report.median_serve_round(frags, "serve_load-100", 3)
+    check(name + ": the median by p99", got and report.val(got["rate"]) == 6900.0, got)
+    check(name + ": every run, in the order they ran",
+          got and [x["p99"] for x in got["rounds"]] == [29.0, 44.0, 26.0], got)
+    check(name + ": the runs' losses are counted",
+          got and report.all_rounds(got, "lost", report.serve_lost) == 1
+          and report.all_rounds(got, "misclassified", None) == 2, got)
+    check(name + ": none ran is none",
+          report.median_serve_round(frags, "serve_load-300", 3) is None)
+
+
 def main():
-    try:
-        test_a_hung_benchmark_is_killed_with_what_it_started_and_reported()
-    except Exception as e:  # a harness error fails the test, never the run
-        check("test_a_hung_benchmark_is_killed_with_what_it_started_and_reported", False,
-              repr(e))
+    for test in (test_a_hung_benchmark_is_killed_with_what_it_started_and_reported,
+                 test_a_serve_point_is_its_run_of_median_p99_with_every_runs_losses):
+        try:
+            test()
+        except Exception as e:  # a harness error fails the test, never the run
+            check(test.__name__, False, repr(e))
     return finish()
 
 
