@@ -798,6 +798,31 @@ static void test_D35_pooled_first_cell_of_each_language_says_started(void **stat
     close_s(s);
 }
 
+/* An open that claims a pooled sandbox sends its supervisor SUP_WAKE (docs/daemon.md
+ * §5.2), which it reads and drops; the supervisor still serves what goes through it,
+ * the first cell's files. */
+static void test_D54_a_claimed_sandbox_woken_still_has_its_supervisor(void **state)
+{
+    (void)state;
+    need();
+    /* As below: claim the member, wait for its replacement, and claim that one. */
+    size_t ready = count_in_log("warm pool: sandbox");
+    plm_session *s = open_s();
+    close_s(s);
+    assert_true(wait_log("warm pool: sandbox", ready));
+    s = open_s();
+    plm_file f[] = {{"woken.txt", "still here"}};
+    plm_result *r = NULL;
+    ok(try_cell(s, "python", "open('woken.txt').read()", 0, f, 1, &r));
+    if (r->exit_code != 0 || strcmp(r->stdout_text, "'still here'\n") != 0)
+        fail_msg("exit %d, stdout \"%s\", stderr \"%.400s\"", r->exit_code, r->stdout_text,
+                 r->stderr_text);
+    plm_result_free(r);
+    cell_prints(s, "javascript", "require('fs').readFileSync('woken.txt', 'utf8')",
+                "'still here'\n");
+    close_s(s);
+}
+
 /* The daemon's minor page faults so far (field 10 of /proc/PID/stat), or -1. */
 static long daemon_minor_faults(void)
 {
@@ -2301,6 +2326,7 @@ static void test_kernels_embedded_in_the_binary_match_their_sources(void **state
     cmocka_unit_test_teardown(test_D34_deadline_before_the_code_was_sent_runs_nothing, test_teardown),      \
     cmocka_unit_test_teardown(test_D35_pooled_first_cell_of_each_language_says_started, test_teardown),     \
     cmocka_unit_test_teardown(test_D54_open_after_a_pool_refill_faults_in_no_copied_page, test_teardown), \
+    cmocka_unit_test_teardown(test_D54_a_claimed_sandbox_woken_still_has_its_supervisor, test_teardown), \
     cmocka_unit_test_teardown(test_D40_output_capped_at_64_KiB_prefix_kept_flags_set, test_teardown),       \
     cmocka_unit_test_teardown(test_D41_output_between_cells_is_discarded, test_teardown),                   \
     cmocka_unit_test_teardown(test_D41_output_resembling_the_end_mark_is_kept, test_teardown),              \

@@ -36,6 +36,9 @@
  *   SUP_READ                       u32 max bytes, then a path under the work directory: an
  *                                  artifact, sent back as SUP_OUT chunks and SUP_READ_DONE
  *   SUP_SWEEP with SUP_SWEEP_KERNELS  the kernels are killed too (a project in a session)
+ *   SUP_WAKE                       nothing: read and dropped.  Sent when an open claims
+ *                                  a pooled sandbox, so that it wakes while the answer
+ *                                  travels, not when the first cell is written
  * Supervisor -> daemon:
  *   SUP_HELLO                      u32 protocol version: hardened and serving
  *   SUP_EXITED lang                i32 wait status, text: the kernel ended (or could not
@@ -58,7 +61,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define SUP_PROTOCOL 3u
+#define SUP_PROTOCOL 4u  /* 4: SUP_WAKE */
 #define SUP_NONCE_LEN 32
 /* The largest frame each side accepts: a cell carries up to 4 MiB of files and a code
  * string bounded by the request body (--max-body-bytes, at most 1 GiB, default 8 MiB). */
@@ -70,7 +73,7 @@
 enum { SUP_LANG_NONE = 0, SUP_LANG_JS = 1, SUP_LANG_PY = 2, SUP_LANG_EXEC = 3 };
 
 enum {
-    SUP_START = 1, SUP_FILES, SUP_KILL, SUP_SWEEP, SUP_EXEC, SUP_STEP, SUP_READ,
+    SUP_START = 1, SUP_FILES, SUP_KILL, SUP_SWEEP, SUP_EXEC, SUP_STEP, SUP_READ, SUP_WAKE,
     SUP_HELLO = 64, SUP_EXITED, SUP_FILES_DONE, SUP_SWEPT, SUP_OUT, SUP_ERR, SUP_EXEC_DONE,
     SUP_READ_DONE,
 };

@@ -1203,6 +1203,8 @@ static void on_frame(int type, int lang, const unsigned char *pl, size_t len)
     case SUP_READ:
         read_artifact(pl, len);
         return;
+    case SUP_WAKE: /* reading it was the point: the daemon claimed this sandbox */
+        return;
     default:
         errno = 0;
         die("an unknown frame from the daemon%s", NULL);

@@ -660,6 +660,11 @@ static void send_request(sbx_box *b, int lang)
     flush_queue(b->loop, ln->fd[F_REQ], &ln->req_io, &ln->wq, &ln->wq_len, &ln->wq_off);
 }
 
+void sbx_box_wake(sbx_box *b)
+{
+    send_simple(b, SUP_WAKE, SUP_LANG_NONE, NULL, 0);
+}
+
 /* ---------------------------------------------------------------- supervisor frames */
 
 /* Copies an errno-style code from a frame, anything but A-Z shown as '?'. */

@@ -113,6 +113,11 @@ const char *const *sbx_box_supervisor_argv(const sbx_box *b);
 const char *sbx_box_id(const sbx_box *b);
 const char *sbx_box_host_io(const sbx_box *b);
 bool sbx_box_ready(const sbx_box *b);
+/* Sends the supervisor a frame it does nothing with, SUP_WAKE: when an open claims a
+ * sandbox idle in the pool, the sandbox wakes while the open's answer goes to the
+ * client and its first cell comes back, not when that cell is written (under gVisor,
+ * the sentry's threads; docs/performance.md §4). */
+void sbx_box_wake(sbx_box *b);
 bool sbx_box_alive(const sbx_box *b);
 sbx_interp_state sbx_box_interp(const sbx_box *b, int lang);
 /* The backend's data for this box. */

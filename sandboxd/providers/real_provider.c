@@ -1254,6 +1254,7 @@ void sbx_real_session_open(sbx_provider *p, const sbx_open_params *params, sbx_o
             s->fresh[l] = st == SBX_I_IDLE || st == SBX_I_STARTING;
         }
         free(m);
+        sbx_box_wake(s->box); /* idle in the pool: it wakes while the answer travels */
         ev_set_cb(&s->open_later, on_open_later);
         ev_timer_start(p->loop, &s->open_later); /* answered from the loop */
         pool_refill_soon(p);
