@@ -12,14 +12,12 @@
 #include "connguard.h"
 
 #include <ev.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #define NOTICE_EVERY_S 10.
 #define VICTIM_SCAN 64       /* strangers looked at for one MHD has read dry */
@@ -261,24 +259,6 @@ unsigned long connguard_raise_fd_limit(void)
             getrlimit(RLIMIT_NOFILE, &rl);
     }
     return rl.rlim_cur == RLIM_INFINITY ? (unsigned long)-1 : (unsigned long)rl.rlim_cur;
-}
-
-unsigned long connguard_reserve_fds(unsigned long fd_limit)
-{
-    unsigned long want = fd_limit < CONNGUARD_RESERVED_FDS ? fd_limit : CONNGUARD_RESERVED_FDS;
-    if (want < 2)
-        return 0;
-    /* A descriptor at want - 1 makes the kernel size the table for it; closed at once,
-     * its slot stays. */
-    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)(want - 1));
-    close(fd);
-    if (high < 0)
-        return 0;
-    close(high);
-    return want;
 }
 
 unsigned connguard_default_limit(unsigned long fd_limit)

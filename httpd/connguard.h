@@ -63,16 +63,5 @@ unsigned long connguard_raise_fd_limit(void);
 /* The default cap for `fd_limit` descriptors: half of them (the rest are the server's
  * own: sandboxes, pipes, outgoing connections), between 16 and 4096. */
 unsigned connguard_default_limit(unsigned long fd_limit);
-/* Grows this process's descriptor table now, to hold `fd_limit` descriptors but at
- * most CONNGUARD_RESERVED_FDS; returns how many it holds for sure now (0: not grown).
- * The kernel grows the table by doubling as descriptors are opened, and in a process
- * with more than one thread each doubling waits for an RCU grace period, on the thread
- * that opened the descriptor: 8-15 ms on the project's VM at 256, 512 and 1 024.  A
- * server's loop would pay it in the middle of a burst of connections.  Call it before
- * the process starts a thread; the table never shrinks. */
-unsigned long connguard_reserve_fds(unsigned long fd_limit);
-/* The default cap's connections (4 096) in and as many out, twice over: a table of
- * 128 KiB of the kernel's memory. */
-#define CONNGUARD_RESERVED_FDS 16384ul
 
 #endif

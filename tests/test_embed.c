@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <cmocka.h>
 #include <ev.h>
@@ -628,6 +629,38 @@ static void test_two_hosts_one_process(void **state)
   finish(r2);
 }
 
+/* A number after `label` in /proc/self/status (0 if none). */
+static unsigned long self_status(const char *label)
+{
+  char line[256];
+  FILE *f = fopen("/proc/self/status", "r");
+  unsigned long v = 0;
+  size_t n = strlen(label);
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, label, n) && sscanf(line + n, "%lu", &v) == 1)
+      break;
+  if (f)
+    fclose(f);
+  return v;
+}
+
+/* A host sizes its process's descriptor table when it is made: a game server's own
+ * threads share the table, and each doubling as the host's connections open would
+ * stall the loop for an RCU grace period (berth.h, berth_reserve_descriptors). */
+static void test_a_host_sizes_the_descriptor_table_when_made(void **state)
+{
+  (void)state;
+  struct rlimit rl;
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  unsigned long slots = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > BERTH_RESERVED_DESCRIPTORS
+                           ? BERTH_RESERVED_DESCRIPTORS : (unsigned long)rl.rlim_cur;
+  rec *r = start(say_script, NULL, false, NULL);
+  unsigned long table = self_status("FDSize:");
+  if (table < slots)
+    fail_msg("a descriptor table of %lu for a limit of %lu", table, (unsigned long)rl.rlim_cur);
+  finish(r);
+}
+
 static bool all_ended(ht *t, void *ud)
 {
   (void)t;
@@ -695,6 +728,7 @@ int main(void)
     cmocka_unit_test(test_shutdown_cancels_after_the_grace),
     cmocka_unit_test(test_suspend_and_shutdown_dispose),
     cmocka_unit_test(test_two_hosts_one_process),
+    cmocka_unit_test(test_a_host_sizes_the_descriptor_table_when_made),
     cmocka_unit_test(test_idle_conversations_are_small),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

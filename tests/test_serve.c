@@ -1048,7 +1048,7 @@ static unsigned long proc_number(pid_t pid, const char *file, const char *label)
 
 /* The server's descriptor table holds its connections from the start: grown by the
  * kernel as they come, each doubling would stall its loop for an RCU grace period
- * (connguard.h), since the store's threads share the table. */
+ * (berth_reserve_descriptors, berth.h), since the store's threads share the table. */
 static void test_serve_sizes_its_descriptor_table_before_its_threads_start(void **state)
 {
   (void)state;

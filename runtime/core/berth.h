@@ -199,6 +199,18 @@ typedef struct berth_options {
 } berth_options;
 
 void berth_options_init(berth_options *o);
+/* Grows this process's descriptor table now, to hold its descriptor limit
+ * (RLIMIT_NOFILE's soft value) but at most BERTH_RESERVED_DESCRIPTORS; returns how many
+ * it holds for sure now (0: not grown).  The kernel grows the table by doubling as
+ * descriptors are opened, and in a process with more than one thread each doubling
+ * stalls the thread that opened the descriptor for an RCU grace period (10-15 ms on
+ * the project's VM): a host's loop, opening connections to the daemon.  berth_host_new
+ * calls it; a program with threads of its own does best to call it (after raising its
+ * limit) before it starts them.  The table never shrinks.  Any thread. */
+unsigned long berth_reserve_descriptors(void);
+/* 4 096 connections in and as many out, twice over: a table of 128 KiB of the kernel's
+ * memory. */
+#define BERTH_RESERVED_DESCRIPTORS 16384ul
 /* Creates the host and loads the hooks file.  Returns 0, or -1 with *err (malloc'd). */
 int berth_host_new(const berth_options *o, berth_host **out, char **err);
 /* The same, with the error as a value. */

@@ -792,6 +792,7 @@ int berth_host_new(const berth_options *o, berth_host **out, char **err)
     *err = berth_xstrdup("berth_host_new: a loop is required");
     return -1;
   }
+  berth_reserve_descriptors();   /* before its connections grow the table (berth.h) */
   berth_host *h = berth_xcalloc(1, sizeof *h);
   plm_idmap_init(&h->owners);
   h->o = *o;

@@ -423,6 +423,9 @@ int main(int argc, char **argv)
   }
 
   if (store_url) {
+    /* The store starts threads: size the descriptor table before they share it, so
+     * the NPCs' connections never stall the loop as it grows (berth.h). */
+    berth_reserve_descriptors();
     if ((e = berth_store_open(g.loop, store_url, &store))) {
       fprintf(stderr, "npc_server: %s\n", e->message);
       berth_error_free(e);

@@ -2792,8 +2792,9 @@ int berth_cmd_serve(int argc, char **argv)
     return 2;
   }
   /* Every connection is a descriptor: take all the kernel allows, and size the table
-   * for them before the store's threads start (connguard.h says why). */
-  connguard_reserve_fds(connguard_raise_fd_limit());
+   * for them before the store's threads start (berth.h says why). */
+  connguard_raise_fd_limit();
+  berth_reserve_descriptors();
   server srv;
   server *s = &srv;
   memset(s, 0, sizeof *s);
