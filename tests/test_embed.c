@@ -21,6 +21,7 @@
 
 #include "berth.h"
 #include "hosttest.h"
+#include "launch.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
 
@@ -629,21 +630,6 @@ static void test_two_hosts_one_process(void **state)
   finish(r2);
 }
 
-/* A number after `label` in /proc/self/status (0 if none). */
-static unsigned long self_status(const char *label)
-{
-  char line[256];
-  FILE *f = fopen("/proc/self/status", "r");
-  unsigned long v = 0;
-  size_t n = strlen(label);
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, label, n) && sscanf(line + n, "%lu", &v) == 1)
-      break;
-  if (f)
-    fclose(f);
-  return v;
-}
-
 /* A host sizes its process's descriptor table when it is made: a game server's own
  * threads share the table, and each doubling as the host's connections open would
  * stall the loop for an RCU grace period (berth.h, berth_reserve_descriptors). */
@@ -655,7 +641,7 @@ static void test_a_host_sizes_the_descriptor_table_when_made(void **state)
   unsigned long slots = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > BERTH_RESERVED_DESCRIPTORS
                            ? BERTH_RESERVED_DESCRIPTORS : (unsigned long)rl.rlim_cur;
   rec *r = start(say_script, NULL, false, NULL);
-  unsigned long table = self_status("FDSize:");
+  unsigned long table = proc_number(0, "status", "FDSize:");
   if (table < slots)
     fail_msg("a descriptor table of %lu for a limit of %lu", table, (unsigned long)rl.rlim_cur);
   finish(r);

@@ -22,6 +22,7 @@
 
 #include "fault.h"
 #include "flood.h"
+#include "launch.h"
 #include "sbxproc.h"
 #include "servetest.h"
 
@@ -1030,22 +1031,6 @@ static void test_sigterm_cancels_after_the_grace(void **state)
  * connections (half silent, half with headers that never end): a turn streaming
  * since before the flood runs to its end past the header timeout, a caller opens a
  * conversation during the flood, and every idle connection is closed soon after. */
-/* A number after `label` in /proc/PID/`file` (0 if none). */
-static unsigned long proc_number(pid_t pid, const char *file, const char *label)
-{
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
-  FILE *f = fopen(path, "r");
-  unsigned long v = 0;
-  size_t n = strlen(label);
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, label, n) && sscanf(line + n, "%lu", &v) == 1)
-      break;
-  if (f)
-    fclose(f);
-  return v;
-}
-
 /* The server's descriptor table holds its connections from the start: grown by the
  * kernel as they come, each doubling would stall its loop for an RCU grace period
  * (berth_reserve_descriptors, berth.h), since the store's threads share the table. */

@@ -89,3 +89,21 @@ void spawn_stop(pid_t pid)
         nanosleep(&ts, NULL);
     }
 }
+
+unsigned long proc_number(pid_t pid, const char *file, const char *label)
+{
+    char path[64], line[256];
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    else
+        snprintf(path, sizeof path, "/proc/self/%s", file);
+    FILE *f = fopen(path, "r");
+    unsigned long v = 0;
+    size_t n = strlen(label);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, label, n) && sscanf(line + n, "%lu", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}

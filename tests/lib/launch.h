@@ -1,5 +1,6 @@
 /*
- * launch.h — start a test server process and wait for its "listening URL" line.
+ * launch.h — start a test server process and wait for its "listening URL" line; read
+ * what /proc says of a process.
  */
 #ifndef TESTS_LAUNCH_H
 #define TESTS_LAUNCH_H
@@ -13,5 +14,8 @@
 pid_t spawn_listening(char *const argv[], char *url, size_t url_len);
 /* SIGTERM, then SIGKILL after 5 s; reaps the child. */
 void spawn_stop(pid_t pid);
+/* The number after `label` on its line of /proc/PID/FILE ("status", "limits"; pid 0:
+ * this process), or 0 if there is none. */
+unsigned long proc_number(pid_t pid, const char *file, const char *label);
 
 #endif
