@@ -242,12 +242,14 @@ static json_t *run_end_to_end(size_t n, int iters, int cpu)
     return row;
 }
 
+static double client_cpu_of(const json_t *row)
+{
+    return json_number_value(json_object_get(json_object_get(row, "client_cpu"), "value"));
+}
+
 static int by_client_cpu(const void *a, const void *b)
 {
-    double x = json_number_value(json_object_get(json_object_get(*(json_t *const *)a,
-                                                                 "client_cpu"), "value"));
-    double y = json_number_value(json_object_get(json_object_get(*(json_t *const *)b,
-                                                                 "client_cpu"), "value"));
+    double x = client_cpu_of(*(json_t *const *)a), y = client_cpu_of(*(json_t *const *)b);
     return x < y ? -1 : x > y;
 }
 
@@ -264,7 +266,7 @@ static void bench_end_to_end(json_t *rows, size_t n, int iters, int cpu)
         json_t *row = run_end_to_end(n, iters, cpu);
         if (!row)
             continue;
-        json_array_append(starts, json_object_get(json_object_get(row, "client_cpu"), "value"));
+        json_array_append_new(starts, json_real(client_cpu_of(row)));
         got[k++] = row;
     }
     if (k) {
@@ -272,8 +274,7 @@ static void bench_end_to_end(json_t *rows, size_t n, int iters, int cpu)
         json_t *median = got[(k - 1) / 2];
         json_object_set(median, "starts", starts);
         printf("  stdout %7zu B: median of %d starts %.1f us per verified call\n", n, k,
-               json_number_value(json_object_get(json_object_get(median, "client_cpu"),
-                                                 "value")));
+               client_cpu_of(median));
         json_array_append(rows, median);
         for (int i = 0; i < k; i++)
             json_decref(got[i]);

@@ -2793,7 +2793,7 @@ int berth_cmd_serve(int argc, char **argv)
   }
   /* Every connection is a descriptor: take all the kernel allows, and size the table
    * for them before the store's threads start (berth.h says why). */
-  connguard_raise_fd_limit();
+  unsigned long fds = connguard_raise_fd_limit();
   berth_reserve_descriptors();
   server srv;
   server *s = &srv;
@@ -2980,7 +2980,6 @@ int berth_cmd_serve(int argc, char **argv)
     goto out;
   }
   /* A flood of idle connections must not lock callers out (connguard.h). */
-  unsigned long fds = connguard_raise_fd_limit();
   unsigned max_conns = a.max_conns ? (unsigned)a.max_conns : connguard_default_limit(fds);
   s->guard = connguard_new(s->loop, max_conns, a.header_timeout);
   connguard_on_notice(s->guard, guard_notice, s);
