@@ -13,6 +13,7 @@ non-zero on any failure.
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -415,6 +416,126 @@ def test_D28_javascript_last_value_in_order_wherever_stdout_goes():
         k.stop()
 
 
+class Signals:
+    """A FIFO `sig` in kernel k's directory that cells' callbacks write words to
+    (fs.appendFileSync('sig', 'word\n')), read here without blocking the kernel."""
+
+    def __init__(self, k):
+        path = os.path.join(k.dir, "sig")
+        os.mkfifo(path)
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        self.got = b""
+
+    def read(self):
+        try:
+            self.got += os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            pass
+        return self.got
+
+    def wait(self, word):
+        """Whether `word` came within WAIT seconds (taken off what came)."""
+        end = time.monotonic() + WAIT
+        line = word + b"\n"
+        while line not in self.got:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return False
+            self.read()
+        self.got = self.got.replace(line, b"", 1)
+        return True
+
+    def close(self):
+        os.close(self.fd)
+
+
+def test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits():
+    """Between cells kernel.js waits for its next request in a read of its own only when
+    Node's loop has nothing alive (docs/daemon.md §5.3): what a cell leaves running -- a
+    timer, one unreferenced, an unreferenced immediate, threadpool work, a child process,
+    V8's (an asynchronous compile), a worker, a signal listener -- still runs while the kernel waits, with no further
+    request, and what it prints comes between cells, where the daemon drops it."""
+    name = "test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits"
+    k = started("javascript", name)
+    sig = Signals(k)
+    late = "console.log('late'); require('fs').appendFileSync('sig', '%s\\n')"
+    cases = [  # the ones that leave a handle unreferenced come last: see kernel.js
+        ("a timer", "setTimeout(() => { %s }, 20); 0" % (late % "timer"), b"timer"),
+        ("an unreferenced timer", "setTimeout(() => { %s }, 20).unref(); 0"
+         % (late % "unref-timer"), b"unref-timer"),
+        ("an unreferenced immediate", "setImmediate(() => { %s }).unref(); 0"
+         % (late % "unref-immediate"), b"unref-immediate"),
+        ("threadpool work", "require('zlib').gzip('x', () => { %s }); 0" % (late % "zlib"),
+         b"zlib"),
+        ("a child process", "require('child_process').execFile('true', () => { %s }); 0"
+         % (late % "child"), b"child"),
+        ("V8's work", "WebAssembly.compile(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0]))\n"
+         "  .then(() => { %s }); 0" % (late % "wasm"), b"wasm"),
+        ("a worker", "new (require('worker_threads').Worker)(\n"
+         "  \"require('worker_threads').parentPort.postMessage(1)\", { eval: true })\n"
+         "  .on('message', () => { %s }); 0" % (late % "worker"), b"worker"),
+        ("a signal listener", "process.on('SIGUSR2', () => { %s }); 0" % (late % "signal"),
+         b"signal"),
+    ]
+    try:
+        for i, (what, code, word) in enumerate(cases):
+            nonce = (b"%x" % (i + 1)) * 32
+            k.send(nonce, code)
+            out = k.until_mark("out", nonce)
+            k.until_mark("err", nonce)
+            check(name + ": " + what + ": the cell", out == b"0\n" and
+                  k.reply() == b"D0" + nonce + (b"1" if what == "a child process" else b"0"),
+                  out)
+            if what == "a signal listener":
+                os.kill(k.proc.pid, signal.SIGUSR2)
+            check(name + ": " + what + ": ran with no request", sig.wait(word), sig.got)
+            between = k.read_until("out", lambda b: b"late\n" in b)
+            check(name + ": " + what + ": printed between cells", between == b"late\n", between)
+            k.drop_output()  # as the daemon does
+            nonce = (b"%x" % (i + 1)) * 31 + b"e"
+            k.send(nonce, "1")
+            out = k.until_mark("out", nonce)
+            k.until_mark("err", nonce)
+            check(name + ": " + what + ": the next cell",
+                  out == b"1\n" and k.reply() == b"D0" + nonce + b"0", out)
+    finally:
+        sig.close()
+        k.stop()
+
+
+def test_D27_javascript_kernel_outlives_cells_that_reach_into_its_wait():
+    """kernel.js waits between cells where Node would emit 'beforeExit': a cell's own
+    listener for it is never called, a cell that replaces process.emit does not end the
+    kernel, and a cell awaiting what nothing alive will resolve keeps its kernel (an
+    unreferenced timer of the same cell still fires)."""
+    name = "test_D27_javascript_kernel_outlives_cells_that_reach_into_its_wait"
+    k = started("javascript", name)
+    sig = Signals(k)
+    try:
+        check_cells(k, name, [
+            ("a beforeExit listener",
+             "void process.on('beforeExit', () => require('fs').appendFileSync('sig', 'exit\\n'))",
+             b"", b"", b"D0"),
+            ("the next cell", "1", b"1\n", b"", b"D0"),
+            ("process.emit replaced",
+             "globalThis.realEmit = process.emit; process.emit = () => false; 2",
+             b"2\n", b"", b"D0"),
+            ("the next cell", "3", b"3\n", b"", b"D0"),
+            ("and the next", "4", b"4\n", b"", b"D0"),
+            ("put back", "process.emit = realEmit; 5", b"5\n", b"", b"D0"),
+            ("the next cell", "6", b"6\n", b"", b"D0"),
+        ])
+        check(name + ": the cell's beforeExit listener was never called",
+              b"exit" not in sig.read(), sig.got)
+        k.send(b"a" * 32, "setTimeout(() => require('fs').appendFileSync('sig', 'fired\\n'), 20)"
+               ".unref();\nawait new Promise(() => {})")
+        check(name + ": a cell awaiting forever keeps its kernel", sig.wait(b"fired"), sig.got)
+        check(name + ": still running", k.proc.poll() is None, k.proc.returncode)
+    finally:
+        sig.close()
+        k.stop()
+
+
 def main():
     for test in (test_D41_python_output_a_non_blocking_stdout_left_buffered_precedes_the_end_mark,
                  test_D41_python_stdout_made_non_blocking_any_way_is_blocking_again_for_the_end,
@@ -422,7 +543,9 @@ def main():
                  test_D28_python_last_value_repr_in_order_wherever_stdout_goes,
                  test_D41_python_each_stream_flushed_once_before_the_end_marks,
                  test_D41_end_reply_in_the_write_of_the_stderr_mark_or_on_the_reply_fifo,
-                 test_D28_javascript_last_value_in_order_wherever_stdout_goes):
+                 test_D28_javascript_last_value_in_order_wherever_stdout_goes,
+                 test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits,
+                 test_D27_javascript_kernel_outlives_cells_that_reach_into_its_wait):
         if not selected(test.__name__):
             continue
         try:

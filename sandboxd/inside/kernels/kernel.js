@@ -257,6 +257,15 @@
   let buf = Buffer.alloc(0);
   const queue = [];
   let busy = false;
+  function onFrames(chunk) {
+    buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
+    while (buf.length >= 4) {
+      const size = buf.readUInt32LE(0);
+      if (buf.length < 4 + size) break;
+      queue.push(buf.subarray(4, 4 + size));
+      buf = buf.subarray(4 + size);
+    }
+  }
   async function pump() {
     if (busy) return;
     busy = true;
@@ -281,36 +290,112 @@
       if (warming && warmDone && --warmLeft === 0) warmDone();
     }
     busy = false;
+    holdLoop(!idleWait || process.emit !== emitHooked);
   }
+
+  // Where the kernel waits for its next request.  Waiting in libuv costs a cell a
+  // blocking epoll_pwait, then a read; a blocking read of its own, on a second
+  // descriptor of the FIFO, makes a warm cell under gVisor's ptrace platform 0.03-0.1
+  // ms cheaper (docs/performance.md §3).  The kernel reads that way only
+  // when nothing else could run meanwhile, and libuv says when: the request socket is
+  // unreferenced between cells, so once a cell's timers, I/O, child processes and
+  // threadpool work are done Node's loop has nothing alive and emits 'beforeExit', and
+  // the kernel blocks there (idle).  What an unreferenced handle might still want is
+  // invisible to libuv's count, so until the next request the socket is referenced --
+  // the loop waits as before -- while an unreferenced timer or immediate is pending, and
+  // for good once a cell unreferenced a handle (a signal listener, a worker's port, a
+  // socket), a cell is still waiting on something, or a cell replaced process.emit.
+  // A cell's own 'beforeExit' listeners never hear these (Node would emit it only at
+  // exit, which a kernel never reaches).
   const input = new net.Socket({ fd: reqFd, readable: true, writable: false });
   function onData(chunk) {
-    buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
-    while (buf.length >= 4) {
-      const size = buf.readUInt32LE(0);
-      if (buf.length < 4 + size) break;
-      queue.push(buf.subarray(4, 4 + size));
-      buf = buf.subarray(4 + size);
-    }
+    onFrames(chunk);
     return pump();
   }
   input.on('data', onData);
   input.on('end', () => process.exit(0));
   input.on('error', () => process.exit(0));
+  let idleWait = false; // set once ready, cleared for good by an unreferenced handle
+  let blockFd = -1;
+  let pending = null; // internal/timers: unreferenced timers and immediates
+  const handleProto = (() => {
+    let p = input._handle;
+    while (p && !Object.prototype.hasOwnProperty.call(p, 'unref')) p = Object.getPrototypeOf(p);
+    return p;
+  })();
+  const handleRef = handleProto && handleProto.ref;
+  const handleUnref = handleProto && handleProto.unref;
+  function holdLoop(hold) {
+    if (input._handle && handleProto) (hold ? handleRef : handleUnref).call(input._handle);
+  }
+  const emit = process.emit;
+  function emitHooked(event, ...args) {
+    if (event === 'beforeExit' && idleWait) {
+      idle();
+      return false;
+    }
+    return emit.call(this, event, ...args);
+  }
+  function unrefPending() {
+    for (const msecs in pending.timerListMap) return true; // a list per duration in use
+    return pending.immediateQueue.head !== null;
+  }
+  const chunk = Buffer.allocUnsafe(65536);
+  function idle() {
+    if (busy || queue.length || unrefPending() || process.emit !== emitHooked) {
+      holdLoop(true); // wait the loop's way; pump() lets go again after the next cell
+      return;
+    }
+    while (!queue.length) {
+      let got;
+      try {
+        got = fs.readSync(blockFd, chunk, 0, chunk.length, null);
+      } catch (e) {
+        if (e.code === 'EINTR' || e.code === 'EAGAIN') continue;
+        process.exit(0);
+      }
+      if (got === 0) process.exit(0);
+      onFrames(Buffer.from(chunk.subarray(0, got)));
+    }
+    setImmediate(noop); // keeps the loop alive to come back here after this cell
+    pump();
+  }
+  function noop() {}
+  function waitHere() {
+    try {
+      pending = require('internal/timers');
+      if (!pending.timerListMap || !pending.immediateQueue || !handleUnref) return;
+      blockFd = fs.openSync(prefix + '-req', fs.constants.O_RDONLY);
+    } catch (e) {
+      return; // the loop's way only
+    }
+    handleProto.unref = function unref(...a) {
+      if (idleWait) {
+        idleWait = false;
+        holdLoop(true);
+      }
+      return handleUnref.apply(this, a);
+    };
+    process.emit = emitHooked;
+    idleWait = true;
+    holdLoop(false);
+  }
   // A cell's whole path once before saying ready -- frame, pump, rewrite, compile, run,
   // inspect, drain, end mark -- so that a warm sandbox's first cell does not pay for V8
   // compiling that path (0.4-0.6 ms of a pooled open + first cell; a warm-up of the
   // compile and run steps alone saved nothing there).  Nothing of it stays: no global,
   // no `_`, and the session's cells are numbered from 1.
   // The warm-up's requests are written to the request FIFO itself, so that the way in
-  // -- libuv's read, the socket's 'data' event -- is warm too (a bare kernel's first
-  // cell at once: 0.78-1.08 -> 0.53-0.74 ms; 50 ms after ready: 1.45-1.68 -> 1.02-1.36).
-  // The daemon holds the FIFO open read-write and sends nothing before "ready", so these
+  // -- the wait in idle() and its read -- is warm too (a bare kernel's first cell at
+  // once: 0.78-1.08 -> 0.53-0.74 ms; 50 ms after ready: 1.45-1.68 -> 1.02-1.36).  The
+  // daemon holds the FIFO open read-write and sends nothing before "ready", so these
   // frames are alone in it, and closing this end is no end of file.  Where the FIFO
   // cannot be opened for writing, they are handed to onData.
   (async () => {
     try {
       void process.stdout; // the streams are made on first use: make them now
       void process.stderr;
+      waitHere();
       rewrite('let warm = 1; warm'); // acorn's path, run on its own: `warm` is no global
       warming = true;
       const cells = ['1', 'await 0'].map((code) => frame('0'.repeat(32) + code));
