@@ -503,6 +503,51 @@ def test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits():
         k.stop()
 
 
+def blocked_in(pid, where):
+    """Whether process pid comes to sleep in `where` ("pipe_read": a read of a pipe or
+    FIFO; "epoll": libuv's wait) within WAIT seconds, from its /proc wchan."""
+    end = time.monotonic() + WAIT
+    while time.monotonic() < end:
+        with open("/proc/%d/wchan" % pid) as f:
+            if where in f.read():
+                return True
+        time.sleep(0.001)
+    return False
+
+
+def test_D27_javascript_kernel_waits_in_a_read_only_when_its_loop_is_idle():
+    """Between cells kernel.js sleeps in a read of the request FIFO when nothing is left
+    in Node's loop, and in libuv's epoll wait while a cell's timer is pending: back in the
+    read once a timer has fired, or from the next cell on when it was unreferenced; after
+    a cell unreferenced a handle it waits in epoll for good (docs/daemon.md §5.3)."""
+    name = "test_D27_javascript_kernel_waits_in_a_read_only_when_its_loop_is_idle"
+    k = started("javascript", name)
+    sig = Signals(k)
+    fired = "() => require('fs').appendFileSync('sig', 'fired\\n')"
+    try:
+        cases = [  # what, code, where it sleeps first, where once its timer fired
+            ("a trivial cell", "1", "pipe_read", None),
+            ("a timer", "setTimeout(%s, 500); 2" % fired, "epoll", "pipe_read"),
+            ("an unreferenced timer", "setTimeout(%s, 500).unref(); 3" % fired, "epoll",
+             "epoll"),
+            ("the next cell", "4", "pipe_read", None),
+            ("a signal listener", "void process.on('SIGUSR2', () => {})", "epoll", None),
+            ("a trivial cell after it", "6", "epoll", None),
+        ]
+        for i, (what, code, first, then) in enumerate(cases):
+            nonce = (b"%x" % (i + 1)) * 32
+            k.send(nonce, code)
+            k.until_mark("out", nonce)
+            k.until_mark("err", nonce)
+            check(name + ": " + what + ": answered", k.reply() == b"D0" + nonce + b"0")
+            check(name + ": " + what + ": waits in " + first, blocked_in(k.proc.pid, first))
+            if then:
+                check(name + ": " + what + ": its timer fired", sig.wait(b"fired"), sig.got)
+                check(name + ": " + what + ": then in " + then, blocked_in(k.proc.pid, then))
+    finally:
+        sig.close()
+        k.stop()
+
 def test_D27_javascript_kernel_outlives_cells_that_reach_into_its_wait():
     """kernel.js waits between cells where Node would emit 'beforeExit': a cell's own
     listener for it is never called, a cell that replaces process.emit does not end the
@@ -545,6 +590,7 @@ def main():
                  test_D41_end_reply_in_the_write_of_the_stderr_mark_or_on_the_reply_fifo,
                  test_D28_javascript_last_value_in_order_wherever_stdout_goes,
                  test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits,
+                 test_D27_javascript_kernel_waits_in_a_read_only_when_its_loop_is_idle,
                  test_D27_javascript_kernel_outlives_cells_that_reach_into_its_wait):
         if not selected(test.__name__):
             continue
