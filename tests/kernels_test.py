@@ -503,14 +503,21 @@ def test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits():
         k.stop()
 
 
+SLEEPS_IN = {  # the kernel functions /proc/PID/wchan names (Linux 5: ep_poll, 6: do_epoll_wait)
+    "pipe_read": ("pipe_read",),  # a read of a pipe or FIFO (anon_pipe_read in Linux 6.x)
+    "epoll": ("epoll_wait", "ep_poll"),  # libuv's wait
+}
+
+
 def blocked_in(pid, where):
-    """Whether process pid comes to sleep in `where` ("pipe_read": a read of a pipe or
-    FIFO; "epoll": libuv's wait) within WAIT seconds, from its /proc wchan."""
+    """Whether process pid comes to sleep in `where` (a key of SLEEPS_IN) within WAIT
+    seconds, from its /proc wchan."""
     end = time.monotonic() + WAIT
     while time.monotonic() < end:
         with open("/proc/%d/wchan" % pid) as f:
-            if where in f.read():
-                return True
+            at = f.read()
+        if any(name in at for name in SLEEPS_IN[where]):
+            return True
         time.sleep(0.001)
     return False
 
