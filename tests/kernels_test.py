@@ -453,8 +453,9 @@ def test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits():
     """Between cells kernel.js waits for its next request in a read of its own only when
     Node's loop has nothing alive (docs/daemon.md §5.3): what a cell leaves running -- a
     timer, one unreferenced, an unreferenced immediate, threadpool work, a child process,
-    V8's (an asynchronous compile), a worker, a signal listener -- still runs while the kernel waits, with no further
-    request, and what it prints comes between cells, where the daemon drops it."""
+    V8's (an asynchronous compile), a worker, a signal listener -- still runs while the
+    kernel waits, with no further request, and what it prints comes between cells, where
+    the daemon drops it."""
     name = "test_D41_javascript_work_a_cell_leaves_runs_while_the_kernel_waits"
     k = started("javascript", name)
     sig = Signals(k)

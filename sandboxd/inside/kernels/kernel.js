@@ -295,12 +295,12 @@
 
   // Where the kernel waits for its next request.  Waiting in libuv costs a cell a
   // blocking epoll_pwait, then a read; a blocking read of its own, on a second
-  // descriptor of the FIFO, makes a warm cell under gVisor's ptrace platform 0.03-0.1
-  // ms cheaper (docs/performance.md §3).  The kernel reads that way only
-  // when nothing else could run meanwhile, and libuv says when: the request socket is
-  // unreferenced between cells, so once a cell's timers, I/O, child processes and
-  // threadpool work are done Node's loop has nothing alive and emits 'beforeExit', and
-  // the kernel blocks there (idle).  What an unreferenced handle might still want is
+  // descriptor of the FIFO, makes a warm cell under gVisor's ptrace platform 0.03-0.1 ms
+  // cheaper (docs/performance.md §3).  The kernel reads that way only when nothing else
+  // could run meanwhile, and libuv says when: the request socket is unreferenced
+  // between cells, so once a cell's timers, I/O, child processes and threadpool work
+  // are done Node's loop has nothing alive and emits 'beforeExit', and the kernel
+  // blocks there (idle).  What an unreferenced handle might still want is
   // invisible to libuv's count, so until the next request the socket is referenced --
   // the loop waits as before -- while an unreferenced timer or immediate is pending, and
   // for good once a cell unreferenced a handle (a signal listener, a worker's port, a
@@ -342,7 +342,7 @@
   }
   const chunk = Buffer.allocUnsafe(65536);
   function idle() {
-    if (busy || queue.length || unrefPending() || process.emit !== emitHooked) {
+    if (busy || unrefPending() || process.emit !== emitHooked) { // (busy while queued)
       holdLoop(true); // wait the loop's way; pump() lets go again after the next cell
       return;
     }
