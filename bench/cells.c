@@ -4,6 +4,8 @@
  *   - warm Python and JavaScript trivial cells (`1`) in one session: p50 / p95, once
  *     reading the clock in its sandbox is no system call (gVisor's first second; see
  *     settle_clock);
+ *   - the first cells of warm sessions after a pause of 10 s (between a conversation's
+ *     turns), each session's first and the four after it;
  *   - open + first cell, cold (--pool 0) and from the warm pool;
  *   - what the pool's members use of a core while they wait (idle_cpu);
  *   - the floor: the same trivial cell sent straight to the same kernel
@@ -47,6 +49,9 @@
 #define POOL_SIZE 2
 #define STACK_SAMPLES 5
 #define STACK_WARM 20                  /* trivial cells per session, with numpy or without */
+#define PAUSE_SESSIONS 6
+#define PAUSE_S 10                     /* past V8's memory reducer's 8 s (docs/performance.md §3) */
+#define PAUSE_CELLS 5                  /* a session's cells after the pause, each language */
 
 static double now_ms(void)
 {
@@ -247,7 +252,8 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
             execl("/usr/bin/python3", "python3", "-I", "-c", kernel, prefix, token, (char *)NULL);
         else
             execl("/usr/bin/node", "node", "--expose-internals", "--experimental-vm-modules",
-                  "--no-concurrent-recompilation", "-e", kernel, prefix, token, (char *)NULL);
+                  "--no-concurrent-recompilation", "--no-memory-reducer", "-e", kernel, prefix,
+                  token, (char *)NULL);
         _exit(127);
     }
     unsigned char body[128];
@@ -556,6 +562,45 @@ static void bench_data_stack(json_t *out, const char *name)
     free(warm_numpy);
 }
 
+/* Between a conversation's turns its sandbox waits while the model thinks and the user
+ * types: seconds to minutes.  Warm sessions, all paused at once, then each one's cells
+ * of each language in turn: the first after the pause pays the machine's wake-up (§1 of
+ * docs/performance.md), and what an interpreter does after a pause shows in the four
+ * after it. */
+static void bench_pause(json_t *lj[2], plm_client *c, const char *const langs[2])
+{
+    plm_session *s[PAUSE_SESSIONS];
+    for (int i = 0; i < PAUSE_SESSIONS; i++) {
+        fatal(plm_open_session_sync(c, NULL, &s[i]), "open");
+        for (int l = 0; l < 2; l++)
+            for (int k = 0; k < 20; k++)
+                run_cell(s[i], langs[l], "1");
+    }
+    struct timespec pause = {PAUSE_S, 0};
+    nanosleep(&pause, NULL);
+    double first[2][PAUSE_SESSIONS], next[2][PAUSE_SESSIONS * (PAUSE_CELLS - 1)];
+    for (int i = 0; i < PAUSE_SESSIONS; i++)
+        for (int l = 0; l < 2; l++)
+            for (int k = 0; k < PAUSE_CELLS; k++) {
+                double t0 = now_ms();
+                run_cell(s[i], langs[l], "1");
+                double t = now_ms() - t0;
+                if (k == 0)
+                    first[l][i] = t;
+                else
+                    next[l][i * (PAUSE_CELLS - 1) + (size_t)k - 1] = t;
+            }
+    for (int i = 0; i < PAUSE_SESSIONS; i++)
+        close_session(s[i]);
+    for (int l = 0; l < 2; l++) {
+        char what[64];
+        snprintf(what, sizeof what, "first %s cell after a %d s pause", langs[l], PAUSE_S);
+        report(lj[l], "paused_first", what, first[l], PAUSE_SESSIONS, 0);
+        snprintf(what, sizeof what, "  the %d after it", PAUSE_CELLS - 1);
+        report(lj[l], "paused_next", what, next[l], PAUSE_SESSIONS * (PAUSE_CELLS - 1), 0);
+    }
+}
+
 static void bench_provider(json_t *providers, const char *name, int warm)
 {
     sbx_proc d;
@@ -604,6 +649,8 @@ static void bench_provider(json_t *providers, const char *name, int warm)
         report(lj[l], "warm", what, v, (size_t)warm, floor[l]);
     }
     close_session(s);
+    if (!echo)
+        bench_pause(lj, c, langs);
 
     /* Open + first cell with no pool: the sandbox and the interpreter start. */
     double cold[2][OPEN_SAMPLES];

@@ -190,6 +190,25 @@ def row_pooled(b):
     return text, targets
 
 
+def row_paused(b):
+    """The cells after a 10 s pause (bench/cells.c bench_pause): no target, the cost a
+    conversation's next turn pays beside the warm figures."""
+    cells = get(b, "cells")
+    parts = []
+    for key, name in PROVIDERS[1:]:
+        try:
+            pairs = ["%s / %s (%s)" % (sig(dist(cells, key, lang, "paused_first")),
+                                       sig(dist(cells, key, lang, "paused_next")),
+                                       sig(dist(cells, key, lang, "paused_next", "p95")))
+                     for lang, _ in LANGUAGES]
+        except Missing:
+            continue
+        parts.append("%s %s ms" % (name, ", ".join(pairs)))
+    if not parts:
+        raise Missing("paused_first")
+    return ", ".join(parts), []
+
+
 def row_idle_memory(b):
     curve = get(b, "idle_memory", "curve")
     alloc, rss = column(curve, "one_turn_allocator"), column(curve, "one_turn_rss")
@@ -307,6 +326,9 @@ ROWS = [
     ("warm trivial Python cell, p50 (p95)", row_warm("python")),
     ("warm trivial JavaScript cell, p50 (p95)", row_warm("javascript")),
     ("pooled open + first cell, p50, Python / JavaScript", row_pooled),
+    ("after a 10 s pause: the first cell, p50 / the four after it, p50 (p95); Python, "
+     "JavaScript",
+     row_paused),
     ("memory per idle conversation in one host", row_idle_memory),
     ("scripted turns/s, no code, one core (median of 3 rounds)", row_turns),
     ("scripted turns/s of 1 000 conversations beside others held idle, suspended and "
@@ -341,9 +363,10 @@ def table(results):
     for what, fn in ROWS:
         try:
             figures, targets = fn(b)
+            said = verdict(targets) or "none set"
         except Missing as e:
-            figures, targets = "not measured (%s)" % e, []
-        lines.append("| %s | %s | %s |" % (what, figures, verdict(targets)))
+            figures, said = "not measured (%s)" % e, ""
+        lines.append("| %s | %s | %s |" % (what, figures, said))
     failed = results.get("failed") or []
     if failed:
         lines += ["", "Failed in that run: " + ", ".join(

@@ -43,7 +43,7 @@ class Kernel:
             src = f.read()
         argv = (["python3", "-I", "-c", src] if lang == "python" else
                 ["node", "--expose-internals", "--experimental-vm-modules",
-                 "--no-concurrent-recompilation", "-e", src])
+                 "--no-concurrent-recompilation", "--no-memory-reducer", "-e", src])
         # The kernel's stdout and stderr are opened apart from this side's ends, as the
         # supervisor opens them: a cell that sets their flags sets only its own.
         out, err = (os.open(prefix + "-" + name, os.O_WRONLY) for name in ("out", "err"))

@@ -360,10 +360,13 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     char *py[] = {(char *)O.python, "-I", "-c", (char *)sbx_kernel_py, prefix, tok, NULL};
     /* V8 optimizes hot functions on the main thread, not a worker: under gVisor's ptrace
      * platform the hand-off to a worker and back (a futex each way, each a stop of the
-     * sandbox) cost a warm cell more than the compile it moved (docs/performance.md §3). */
+     * sandbox) cost a warm cell more than the compile it moved.  And V8 has no memory
+     * reducer: its timer cannot fire while the kernel waits in a read between cells, so
+     * after a pause of 8 s or more it ran its collection in the next cells, 10-15 ms of
+     * them, and shrank the heap they then grew again (docs/performance.md §3). */
     char *js[] = {(char *)O.node, "--expose-internals", "--experimental-vm-modules",
-                  "--no-concurrent-recompilation", heap, "-e", (char *)sbx_kernel_js, prefix,
-                  tok, NULL};
+                  "--no-concurrent-recompilation", "--no-memory-reducer", heap, "-e",
+                  (char *)sbx_kernel_js, prefix, tok, NULL};
     pid_t pid = spawn(lang == SUP_LANG_PY ? py : js, -1, out, err,
                       lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0, NULL);
     int e = errno;
