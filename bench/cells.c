@@ -88,12 +88,8 @@ static void fatal(plm_error *e, const char *what)
 
 static plm_client *client(const sbx_proc *d)
 {
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d->url;
-    o.token = d->token;
     plm_client *c = NULL;
-    fatal(plm_client_new(NULL, &o, &c), "client");
+    fatal(sbx_client_new(d, &c), "client");
     return c;
 }
 

@@ -171,12 +171,8 @@ static json_t *run_end_to_end(size_t n, int iters, int cpu)
             sched_setaffinity(0, sizeof all, &all);
         return NULL;
     }
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    plm_error_free(plm_client_new(NULL, &o, &c));
+    plm_error_free(sbx_client_new(&d, &c));
     plm_session_options so = {.minimum_isolation = "container"};
     plm_session *s = NULL;
     plm_error *e = plm_open_session_sync(c, &so, &s);

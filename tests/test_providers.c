@@ -425,11 +425,7 @@ static int group_setup(void **state)
         sbx_stop(&P->d);
         return why ? 0 : -1;
     }
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = P->d.url;
-    o.token = P->d.token;
-    ok(plm_client_new(NULL, &o, &P->c));
+    ok(sbx_client_new(&P->d, &P->c));
     /* The daemon's tag, as its cgroups and state directories are named. */
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)P->d.pid);
@@ -2164,12 +2160,8 @@ static void test_D04_auto_serves_the_strongest_provider_that_passes(void **state
     const char *want = gvisor_failed ? "bwrap" : "gvisor";
     contains(log, "passed its smoke test");
     free(log);
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(&d, &c));
     plm_info *info = NULL;
     ok(plm_describe_sync(c, &info));
     assert_string_equal(info->sandbox, want);
@@ -2193,12 +2185,8 @@ static void test_D27_javascript_cells_after_a_pause_run_no_memory_reducing_colle
     sbx_proc d;
     const char *args[] = {"--provider", "auto", "--pool", "0", NULL};
     assert_int_equal(sbx_start(&d, args), 0);
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(&d, &c));
     plm_session *s = NULL;
     ok(plm_open_session_sync(c, NULL, &s));
     cell_prints(s, "javascript",
@@ -2232,12 +2220,8 @@ static void test_D06_D38_an_interpreter_that_cannot_start_is_not_offered(void **
     if (sbx_start(&d, args) != 0) {
         skip_missing_capability("skipped: bwrap is not available here\n");
     }
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(&d, &c));
     plm_info *info = NULL;
     ok(plm_describe_sync(c, &info));
     assert_true(info->session.javascript);
@@ -2274,12 +2258,8 @@ static void files_over_the_disk_budget_end_the_session(const char *name)
     if (sbx_start(&d, args) != 0) {
         skip_missing_capability("skipped: %s is not available here\n", name);
     }
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(&d, &c));
     plm_session *s = NULL;
     ok(plm_open_session_sync(c, NULL, &s));
     plm_cell cl = {"python", "open('big', 'wb').write(b'x' * (3 << 20))", NULL, 0};
@@ -2321,12 +2301,8 @@ static void test_I16_echo_lists_no_python_packages(void **state)
     (void)state;
     sbx_proc d;
     assert_int_equal(sbx_start(&d, NULL), 0); /* --provider echo */
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d.url;
-    o.token = d.token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(&d, &c));
     plm_info *info = NULL;
     ok(plm_describe_sync(c, &info));
     assert_string_equal(info->sandbox, "echo");

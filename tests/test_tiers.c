@@ -94,12 +94,8 @@ static void need(void)
 
 static plm_client *client_of(const sbx_proc *d)
 {
-    plm_client_options o;
-    plm_client_options_init(&o);
-    o.base_url = d->url;
-    o.token = d->token;
     plm_client *c = NULL;
-    ok(plm_client_new(NULL, &o, &c));
+    ok(sbx_client_new(d, &c));
     return c;
 }
 

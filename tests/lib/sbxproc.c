@@ -327,3 +327,13 @@ void sbx_stop(sbx_proc *p)
 {
     (void)sbx_stop_status(p);
 }
+
+plm_error *sbx_client_new(const sbx_proc *p, plm_client **out)
+{
+    plm_client_options o;
+    plm_client_options_init(&o);
+    o.base_url = p->url;
+    o.token = p->token;
+    *out = NULL;
+    return plm_client_new(NULL, &o, out);
+}

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "plimsoll.h"
+
 #define SBX_LOG_NAME "sandboxd.log"
 #define SBX_TOKEN_SIZE 80
 
@@ -49,5 +51,10 @@ int sbx_stop_status(sbx_proc *p);
 
 /* The daemon's log so far (malloc'd, NUL-terminated), or NULL. */
 char *sbx_read_log(const sbx_proc *p);
+
+/* A client of the daemon p runs: plm_client_new with its url and token and the default
+ * options.  Returns plm_client_new's error (NULL on success); *out is the caller's, freed
+ * with plm_client_free. */
+plm_error *sbx_client_new(const sbx_proc *p, plm_client **out);
 
 #endif
