@@ -285,6 +285,17 @@ def row_resumed(b):
             [("≤ 5 ms more", late)])
 
 
+def serve_losses(run):
+    """A serve_load run's turns lost (never answered or never finished) and misclassified,
+    over every round it ran: bench/report.py keeps each round's in "rounds", so a turn
+    lost in any round is never hidden by the median's.  A run with no rounds (one
+    benchmark's own fragment) counts its own."""
+    if "rounds" in run:
+        return (sum(x["lost"] for x in run["rounds"]),
+                sum(x["misclassified"] for x in run["rounds"]))
+    return get(run, "lost") + get(run, "never_finished"), get(run, "misclassified")
+
+
 def row_serve(b):
     runs = sorted(get(b, "serve_load", "runs"), key=lambda r: r["params"]["conversations"])
     parts, at100 = [], None
@@ -303,11 +314,8 @@ def row_serve(b):
         parts.append(text)
         if n == 100:
             at100 = r
-    # every round's turns count, not only the median's
-    lost = sum(sum(x["lost"] for x in r["rounds"]) if "rounds" in r
-               else get(r, "lost") + get(r, "never_finished") for r in runs)
-    wrong = sum(sum(x["misclassified"] for x in r["rounds"]) if "rounds" in r
-                else get(r, "misclassified") for r in runs)
+    lost = sum(serve_losses(r)[0] for r in runs)
+    wrong = sum(serve_losses(r)[1] for r in runs)
     parts.append("%d lost, %d misclassified" % (lost, wrong))
     if at100 is None:
         raise Missing("serve_load at 100")

@@ -207,10 +207,6 @@ def median_round(frags, tag, rounds):
     return median
 
 
-def serve_lost(r):
-    return val(r["lost"]) + val(r["never_finished"])
-
-
 def median_serve_round(frags, tag, rounds):
     """The serve_load fragment of the round with the median p99 among tag-r0 ... (None
     if none ran), with every round's rate, p99 and losses in "rounds", in the order they
@@ -219,14 +215,10 @@ def median_serve_round(frags, tag, rounds):
     if not ran:
         return None
     median = dict(sorted(ran, key=pct("p99"))[(len(ran) - 1) // 2])
-    median["rounds"] = [{"rate": val(r["rate"]), "p99": pct("p99")(r), "lost": serve_lost(r),
-                         "misclassified": val(r["misclassified"])} for r in ran]
+    median["rounds"] = [{"rate": val(r["rate"]), "p99": pct("p99")(r),
+                         "lost": figures.serve_losses(r)[0],
+                         "misclassified": figures.serve_losses(r)[1]} for r in ran]
     return median
-
-
-def all_rounds(r, key, own):
-    """The sum of a figure over every round of a run (its own when it has no rounds)."""
-    return sum(x[key] for x in r["rounds"]) if "rounds" in r else own(r)
 
 
 def merge(frags):
@@ -253,9 +245,8 @@ def merge(frags):
             ("latency_p50", "ms", pct("p50")), ("latency_p90", "ms", pct("p90")),
             ("latency_p99", "ms", pct("p99")),
             ("latency_max", "ms", lambda r: r["turn_latency"]["max"]),
-            ("lost", "turns", lambda r: all_rounds(r, "lost", serve_lost)),
-            ("misclassified", "turns",
-             lambda r: all_rounds(r, "misclassified", lambda x: val(x["misclassified"])))]),
+            ("lost", "turns", lambda r: figures.serve_losses(r)[0]),
+            ("misclassified", "turns", lambda r: figures.serve_losses(r)[1])]),
     }
     for name, (points, columns) in scale.items():
         if name == "turns_per_second":
