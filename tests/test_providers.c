@@ -2203,10 +2203,7 @@ static void test_D27_javascript_cells_after_a_pause_run_no_memory_reducing_colle
     for (int i = 0; i < 4; i++)
         cell_prints(s, "javascript", "1", "1\n");
     cell_prints(s, "javascript", "majors", "0\n");
-    plm_close_summary *sum = NULL;
-    ok(plm_session_close_sync(s, &sum));
-    plm_close_summary_free(sum);
-    plm_session_free(s);
+    close_s(s);
     plm_client_free(c);
     sbx_stop(&d);
 }
