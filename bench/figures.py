@@ -314,8 +314,8 @@ def row_serve(b):
         parts.append(text)
         if n == 100:
             at100 = r
-    lost = sum(serve_losses(r)[0] for r in runs)
-    wrong = sum(serve_losses(r)[1] for r in runs)
+    losses = [serve_losses(r) for r in runs]
+    lost, wrong = sum(x[0] for x in losses), sum(x[1] for x in losses)
     parts.append("%d lost, %d misclassified" % (lost, wrong))
     if at100 is None:
         raise Missing("serve_load at 100")

@@ -215,9 +215,11 @@ def median_serve_round(frags, tag, rounds):
     if not ran:
         return None
     median = dict(sorted(ran, key=pct("p99"))[(len(ran) - 1) // 2])
-    median["rounds"] = [{"rate": val(r["rate"]), "p99": pct("p99")(r),
-                         "lost": figures.serve_losses(r)[0],
-                         "misclassified": figures.serve_losses(r)[1]} for r in ran]
+    median["rounds"] = []
+    for r in ran:
+        lost, wrong = figures.serve_losses(r)
+        median["rounds"].append({"rate": val(r["rate"]), "p99": pct("p99")(r), "lost": lost,
+                                 "misclassified": wrong})
     return median
 
 
