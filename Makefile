@@ -100,7 +100,7 @@ DIR_runtime/faces  = $(DIR_runtime/core) -iquote httpd -iquote runtime/faces
 DIR_runtime/module = -iquote lib -iquote runtime/core $(LUA_CFLAGS)
 DIR_runtime  = $(DIR_runtime/faces)
 DIR_tests    = $(DIR_runtime) -iquote tests/lib
-DIR_bench    = $(DIR_tests)
+DIR_bench    = $(DIR_tests) -iquote sandboxd/inside
 RT_OBJ   := $(RT_SRC:%.c=$(BUILD)/obj/%.o)
 MOD_SRC  := $(sort $(wildcard runtime/module/*.c))
 MOD_OBJ  := $(MOD_SRC:%.c=$(BUILD)/obj/%.o)
@@ -141,9 +141,11 @@ $(BUILD)/obj/%.o: %.cc
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
-# The kernels are edited as Python and JavaScript; sandboxd carries them as C strings.
+# The kernels are edited as Python and JavaScript; sandboxd carries them as C strings,
+# and the interpreters' flags as C arrays.
 sandboxd/inside/kernels.c: sandboxd/inside/kernels/kernel.py sandboxd/inside/kernels/kernel.js \
-                           sandboxd/inside/kernels/embed.py tools/c_embed.py
+                           sandboxd/inside/kernels/flags sandboxd/inside/kernels/embed.py \
+                           tools/c_embed.py
 	python3 sandboxd/inside/kernels/embed.py
 
 # The page of berth serve likewise: runtime/faces/web/*.{html,js,css} as C strings.
@@ -223,9 +225,13 @@ $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libbe
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_tests) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/berth-faces.a $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(FACES_LIBS) -lcmocka
 
+# A benchmark's own objects beyond the libraries: bench/cells' floor starts the kernels
+# sandboxd carries, with their flags.
+BENCH_OBJ_cells := $(BUILD)/obj/sandboxd/inside/kernels.o
+$(BUILD)/bench/cells: $(BENCH_OBJ_cells)
 $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_bench) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(PROG_HEAP_LIBS) $(RT_LIBS) -lcmocka
+	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_bench) $(CFLAGS) -Wl,-E -o $@ $< $(BENCH_OBJ_$*) $(TESTLIB_OBJ) $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(PROG_HEAP_LIBS) $(RT_LIBS) -lcmocka
 
 # The builds behind test, demo and the checks use every core unless make was given its
 # own -j (its jobserver then reaches the sub-make): single-threaded, building with

@@ -8,8 +8,8 @@
  *     turns), each session's first and the four after it;
  *   - open + first cell, cold (--pool 0) and from the warm pool;
  *   - what the pool's members use of a core while they wait (idle_cpu);
- *   - the floor: the same trivial cell sent straight to the same kernel
- *     (sandboxd/inside/kernels/kernel.py and kernel.js, read from the source tree) over FIFOs,
+ *   - the floor: the same trivial cell sent straight to the same kernel, started as a
+ *     sandbox's supervisor starts it (kernels.h: the kernels and flags sandboxd carries), over FIFOs,
  *     with no daemon, no HTTP and no sandbox; and the ratios to it.
  *   - the data stack (issue 16): in a fresh session from the warm pool, the first
  *     `import numpy` and the first import of NumPy, SciPy, pandas and matplotlib.pyplot
@@ -40,6 +40,7 @@
 
 #include "benchclock.h"
 #include "benchjson.h"
+#include "kernels.h"
 #include "plimsoll.h"
 #include "sbxproc.h"
 
@@ -144,23 +145,26 @@ static int wait_log(const sbx_proc *d, const char *needle, size_t than)
 
 /* ---------------------------------------------------------------- the floor */
 
-static char *slurp(const char *path)
+/* The command line a sandbox's supervisor gives a kernel, less Node's heap limit: the
+ * interpreter, the flags kernels.h names, the kernel's source, prefix and token.  In
+ * argv[cap]; false when it does not fit. */
+static bool floor_argv(const char **argv, size_t cap, bool py, const char *prefix,
+                       const char *token)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
+    const char *const *flags = py ? sbx_python_flags : sbx_node_flags;
+    size_t i = 0;
+    argv[i++] = py ? "/usr/bin/python3" : "/usr/bin/node";
+    for (size_t k = 0; flags[k]; k++) {
+        if (i + 5 > cap)
+            return false;
+        argv[i++] = flags[k];
     }
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
+    argv[i++] = py ? "-c" : "-e";
+    argv[i++] = py ? sbx_kernel_py : sbx_kernel_js;
+    argv[i++] = prefix;
+    argv[i++] = token;
+    argv[i] = NULL;
+    return true;
 }
 
 /* n bytes from fd, waiting for them when the FIFO is non-blocking (Node makes its
@@ -222,16 +226,17 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
 {
     *dist = NULL;
     bool py = strcmp(lang, "python") == 0;
-    char *kernel = slurp(py ? "sandboxd/inside/kernels/kernel.py" : "sandboxd/inside/kernels/kernel.js");
-    if (!kernel)
-        return 0;
     char dir[] = "/tmp/bench-floor.XXXXXX";
-    if (!mkdtemp(dir)) {
-        free(kernel);
+    if (!mkdtemp(dir))
         return 0;
-    }
     char prefix[64], path[80];
     snprintf(prefix, sizeof prefix, "%s/k", dir);
+    const char *token = "0123456789abcdef0123456789abcdef";
+    const char *argv[24];
+    if (!floor_argv(argv, sizeof argv / sizeof *argv, py, prefix, token)) {
+        rmdir(dir);
+        return 0;
+    }
     const char *names[] = {"req", "rep", "out", "err"};
     int fd[4];
     for (int i = 0; i < 4; i++) {
@@ -239,17 +244,11 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
         mkfifo(path, 0600);
         fd[i] = open(path, O_RDWR | O_CLOEXEC);
     }
-    const char *token = "0123456789abcdef0123456789abcdef";
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fd[2], 1);
         dup2(fd[3], 2);
-        if (py)
-            execl("/usr/bin/python3", "python3", "-I", "-c", kernel, prefix, token, (char *)NULL);
-        else
-            execl("/usr/bin/node", "node", "--expose-internals", "--experimental-vm-modules",
-                  "--no-concurrent-recompilation", "--no-memory-reducer", "-e", kernel, prefix,
-                  token, (char *)NULL);
+        execv(argv[0], (char *const *)argv);
         _exit(127);
     }
     unsigned char body[128];
@@ -289,7 +288,6 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
         unlink(path);
     }
     rmdir(dir);
-    free(kernel);
     return result;
 }
 

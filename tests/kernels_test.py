@@ -23,7 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "sandboxd", "inside", "kernels")
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+sys.path.insert(0, KERNELS)
 from checks import check, finish, selected  # noqa: E402
+from embed import flags  # noqa: E402  (the interpreters' flags, as the supervisor's)
 WAIT = 20.0
 F_SETPIPE_SZ = 1031
 class Kernel:
@@ -41,9 +43,8 @@ class Kernel:
         self.token = b"7" * 32
         with open(os.path.join(KERNELS, "kernel." + ("py" if lang == "python" else "js"))) as f:
             src = f.read()
-        argv = (["python3", "-I", "-c", src] if lang == "python" else
-                ["node", "--expose-internals", "--experimental-vm-modules",
-                 "--no-concurrent-recompilation", "--no-memory-reducer", "-e", src])
+        argv = (["python3"] + flags("python") + ["-c", src] if lang == "python" else
+                ["node"] + flags("node") + ["-e", src])
         # The kernel's stdout and stderr are opened apart from this side's ends, as the
         # supervisor opens them: a cell that sets their flags sets only its own.
         out, err = (os.open(prefix + "-" + name, os.O_WRONLY) for name in ("out", "err"))

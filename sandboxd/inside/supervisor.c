@@ -330,6 +330,32 @@ static int open_output_fifo(const char *path)
     return fd;
 }
 
+/* A kernel's command line into argv[cap]: the interpreter, its flags (kernels.h), the
+ * heap limit for Node, the kernel's source, its prefix and token.  False when it does
+ * not fit. */
+static bool kernel_argv(char **argv, size_t cap, int lang, char *heap, char *prefix, char *tok)
+{
+    bool py = lang == SUP_LANG_PY;
+    const char *const *flags = py ? sbx_python_flags : sbx_node_flags;
+    size_t n = 0, need = 6;     /* interpreter, heap, -c/-e, source, prefix, token */
+    while (flags[n])
+        n++;
+    if (n + need + 1 > cap)
+        return false;
+    size_t i = 0;
+    argv[i++] = (char *)(py ? O.python : O.node);
+    for (size_t k = 0; k < n; k++)
+        argv[i++] = (char *)flags[k];
+    if (!py)
+        argv[i++] = heap;
+    argv[i++] = py ? "-c" : "-e";
+    argv[i++] = (char *)(py ? sbx_kernel_py : sbx_kernel_js);
+    argv[i++] = prefix;
+    argv[i++] = tok;
+    argv[i] = NULL;
+    return true;
+}
+
 static void start_kernel(int lang, const unsigned char *token, size_t len)
 {
     if (len != SUP_TOKEN_LEN || kernel[lang])
@@ -357,17 +383,14 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     }
     char heap[48];
     snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
-    char *py[] = {(char *)O.python, "-I", "-c", (char *)sbx_kernel_py, prefix, tok, NULL};
-    /* V8 optimizes hot functions on the main thread, not a worker: under gVisor's ptrace
-     * platform the hand-off to a worker and back (a futex each way, each a stop of the
-     * sandbox) cost a warm cell more than the compile it moved.  And V8 has no memory
-     * reducer: its timer cannot fire while the kernel waits in a read between cells, so
-     * after a pause of 8 s or more it ran its collection in the next cells, 10-15 ms of
-     * them, and shrank the heap they then grew again (docs/performance.md §3). */
-    char *js[] = {(char *)O.node, "--expose-internals", "--experimental-vm-modules",
-                  "--no-concurrent-recompilation", "--no-memory-reducer", heap, "-e",
-                  (char *)sbx_kernel_js, prefix, tok, NULL};
-    pid_t pid = spawn(lang == SUP_LANG_PY ? py : js, -1, out, err,
+    char *argv[24];
+    if (!kernel_argv(argv, sizeof argv / sizeof *argv, lang, heap, prefix, tok)) {
+        close(out);
+        close(err);
+        report_exit(lang, 127 << 8, "the interpreter's command line is too long");
+        return;
+    }
+    pid_t pid = spawn(argv, -1, out, err,
                       lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0, NULL);
     int e = errno;
     close(out);
