@@ -914,8 +914,9 @@ static void test_model_reads_the_request_from_the_tables(void **state)
   stop(t);
 }
 
-/* A model that reports how many messages it was given and whether their text could
- * be written, then refuses the call: {"count": n, "text": true|false}. */
+/* A model that reports how many messages it was given, whether their text could be
+ * written and its user turns (berth_request_user_turns), then refuses the call:
+ * {"count": n, "text": true|false, "users": k, "last_user": i}. */
 static int texter_calls;
 
 static int texter_chat(berth_model *m, const berth_model_request *r, berth_delta_fn delta,
@@ -926,8 +927,11 @@ static int texter_chat(berth_model *m, const berth_model_request *r, berth_delta
   const char *text;
   size_t len;
   bool ok = berth_request_text(r, "messages", &text, &len) == 0;
-  json_t *report = json_pack("{s:I, s:b}", "count", (json_int_t)berth_request_count(r),
-                             "text", ok);
+  size_t last_user;
+  size_t users = berth_request_user_turns(r, &last_user);
+  json_t *report = json_pack("{s:I, s:b, s:I, s:I}", "count", (json_int_t)berth_request_count(r),
+                             "text", ok, "users", (json_int_t)users,
+                             "last_user", (json_int_t)last_user);
   *err = json_dumps(report, JSON_COMPACT);
   json_decref(report);
   return -1;
@@ -1004,6 +1008,106 @@ static void test_model_chat_walks_only_the_entries_appended_since(void **state)
     "return err", chat);
   assert_contains(turn(t, code), "$.messages[2].content");
   stop(t);
+}
+
+/* berth_request_user_turns over the host's request reads, of an array it was given
+ * before, only the entries appended since (the rule of the check, above): what it
+ * counts matches a count of the whole array as the array grows, shrinks and grows
+ * again, and across turns on ctx.messages; a role changed in place is not read again;
+ * the same entries in another array, or in a table without the marker, are read whole
+ * (model.h). */
+static void test_model_chat_counts_user_turns_from_the_entries_appended_since(void **state)
+{
+  (void)state;
+  ht *t = start_eval(with_texter);
+  static const char chat[] =
+    "local function users(msgs)\n"
+    "  local r, report, code = model.chat{messages = msgs}\n"
+    "  assert(r == nil and code == 'invalid_argument', code)\n"
+    "  local seen = json.decode(report)\n"
+    "  return seen.users, seen.last_user\n"
+    "end\n"
+    "local function whole(msgs)\n"
+    "  local k, last = 0, 0\n"
+    "  for i, m in ipairs(msgs) do if m.role == 'user' then k, last = k + 1, i - 1 end end\n"
+    "  return k, last\n"
+    "end\n"
+    "local function same(msgs)\n"
+    "  local k, last = users(msgs)\n"
+    "  local wk, wlast = whole(msgs)\n"
+    "  assert(k == wk and last == wlast, ('%d/%d against %d/%d'):format(k, last, wk, wlast))\n"
+    "  return k\n"
+    "end\n";
+  char code[4096];
+  snprintf(code, sizeof code, "%s"
+    "local m = json.array{}\n"
+    "assert(same(m) == 0)\n"
+    "local roles = {'system', 'user', 'assistant', 'tool', 'assistant', 'user', 'assistant',"
+    " 'user', 'user', 'assistant'}\n"
+    "for i, role in ipairs(roles) do\n"
+    "  m[i] = {role = role, content = 'x'}\n"
+    "  same(m)\n"
+    "end\n"
+    "assert(same(m) == 4)\n"
+    /* shrunk below what was read: read again whole; then grown again */
+    "m[10], m[9], m[8] = nil, nil, nil\n"
+    "assert(same(m) == 2)\n"
+    "m[8] = {role = 'user', content = 'y'}\n"
+    "assert(same(m) == 3)\n"
+    /* changed in place: not read again, as the check does not read it again */
+    "m[2].role = 'assistant'\n"
+    "assert(users(m) == 3)\n"
+    /* the same entries in another array, or in a table without the marker: whole */
+    "assert(same(json.array{table.unpack(m)}) == 2)\n"
+    "local plain = {table.unpack(m)}\n"
+    "assert(same(plain) == 2)\n"
+    "plain[2].role = 'user'\n"
+    "assert(same(plain) == 3)\n"
+    "return 'ok'", chat);
+  assert_string_equal(turn(t, code), "ok");
+  /* across turns: ctx.messages, counted in one turn, appended to in the next */
+  snprintf(code, sizeof code, "%s"
+    "local ctx = ...\n"
+    "ctx.messages[#ctx.messages + 1] = {role = 'user', content = 'a'}\n"
+    "return tostring(same(ctx.messages))", chat);
+  const char *first = turn(t, code);
+  assert_true(atoi(first) >= 1);
+  snprintf(code, sizeof code, "%s"
+    "local ctx = ...\n"
+    "ctx.messages[#ctx.messages + 1] = {role = 'assistant', content = 'b'}\n"
+    "ctx.messages[#ctx.messages + 1] = {role = 'user', content = 'c'}\n"
+    "return tostring(same(ctx.messages))", chat);
+  char want[32];
+  snprintf(want, sizeof want, "%d", atoi(first) + 1);
+  assert_string_equal(turn(t, code), want);
+  stop(t);
+}
+
+/* The readers' walk, for a request that has no count of its own (a JSON value): the
+ * user messages by their role, exactly "user" (a NUL inside is another role). */
+static void test_request_from_json_counts_user_turns_by_walking(void **state)
+{
+  (void)state;
+  json_t *req = json_loads(
+    "{\"messages\": [{\"role\": \"system\"}, {\"role\": \"user\"}, \"not a message\","
+    " {\"role\": \"assistant\"}, {\"role\": \"user\\u0000x\"}, {\"role\": \"user\"},"
+    " {\"role\": 5}, {\"role\": \"tool\"}]}", JSON_ALLOW_NUL, NULL);
+  assert_non_null(req);
+  berth_model_request *r = berth_request_from_json(req);
+  size_t last = 99;
+  assert_int_equal(berth_request_user_turns(r, &last), 2);
+  assert_int_equal(last, 5);
+  berth_request_free(r);
+  json_object_set_new(req, "messages", json_pack("[{s:s}]", "role", "assistant"));
+  r = berth_request_from_json(req);
+  assert_int_equal(berth_request_user_turns(r, &last), 0);
+  assert_int_equal(last, 0);
+  berth_request_free(r);
+  json_object_set_new(req, "messages", json_object());
+  r = berth_request_from_json(req);
+  assert_int_equal(berth_request_user_turns(r, NULL), 0);
+  berth_request_free(r);
+  json_decref(req);
 }
 
 static void reader_in_32_mib(berth_options *o)
@@ -1087,6 +1191,8 @@ int main(void)
     cmocka_unit_test(test_model_chat_with_deltas),
     cmocka_unit_test(test_model_reads_the_request_from_the_tables),
     cmocka_unit_test(test_model_chat_walks_only_the_entries_appended_since),
+    cmocka_unit_test(test_model_chat_counts_user_turns_from_the_entries_appended_since),
+    cmocka_unit_test(test_request_from_json_counts_user_turns_by_walking),
     cmocka_unit_test(test_model_request_text_is_made_outside_the_lua_heap),
     cmocka_unit_test(test_idle_timeout_suspends),
     cmocka_unit_test(test_sighup_reload_keeps_old_hooks_on_error),

@@ -164,8 +164,6 @@ static int r_text(const berth_model_request *base, int k, const char **text, siz
   return 0;
 }
 
-static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text, NULL};
-
 /* {------ what earlier calls checked
  * A history is an array that grows by appending, and walking all of it at every call
  * (twice a turn) was a sixth of berth serve's main thread at 30 turns a
@@ -180,10 +178,10 @@ static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r
  * call. */
 static const char checked_key = 0;
 
-/* Pushes the table of what was checked, made on first use. */
-static void push_checked(lua_State *L)
+/* Pushes the registry's table with weak keys at `key`, made on first use. */
+static void push_weak_table(lua_State *L, const void *key)
 {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &checked_key) == LUA_TTABLE)
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE)
     return;
   lua_pop(L, 1);
   lua_newtable(L);
@@ -192,7 +190,7 @@ static void push_checked(lua_State *L)
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &checked_key);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
 }
 
 /* Whether the part at `idx` converts, walking only what no earlier call walked of
@@ -200,7 +198,7 @@ static void push_checked(lua_State *L)
 static bool part_converts(lua_State *L, int idx, lua_Integer *length)
 {
   luaL_checkstack(L, 3, "model.chat");
-  push_checked(L);
+  push_weak_table(L, &checked_key);
   int checked = lua_gettop(L);
   lua_pushvalue(L, idx);
   lua_Integer seen = lua_rawget(L, checked) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
@@ -225,6 +223,103 @@ static bool part_converts(lua_State *L, int idx, lua_Integer *length)
 }
 
 /* ------} */
+
+/* {------ the user turns
+ * The scripted model finds its place in its script from the number of user messages,
+ * and reading every message's role at every call was a tenth of berth serve's main
+ * thread at 40 turns a conversation, growing with every turn.  So the count is kept as
+ * the check's is (above): in a table with weak keys, what the count found in each
+ * array, packed in an integer (the entries read, the user messages among them, the
+ * index of the last); a later call with the same array reads only the entries appended
+ * since, under the same rule (an entry changed in place is not read again), for the
+ * same arrays (those with the array marker; another table is read whole).  An array
+ * shorter than what was read is read again whole.  Made on first use: only an adapter
+ * that asks pays for it. */
+static const char users_key = 0;
+
+#define USERS_BITS 21           /* each field of the packed count */
+#define USERS_MASK (((lua_Integer)1 << USERS_BITS) - 1)
+
+typedef struct users_args {
+  lua_Integer n;                /* the messages' length */
+  size_t count, last;
+} users_args;
+
+static bool is_user(lua_State *L, int message, int role_name)
+{
+  size_t len;
+  message = lua_absindex(L, message);
+  if (lua_type(L, message) != LUA_TTABLE)
+    return false;
+  lua_pushvalue(L, role_name);
+  const char *role = lua_rawget(L, message) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  bool user = role && len == 4 && memcmp(role, "user", 4) == 0;
+  lua_pop(L, 1);
+  return user;
+}
+
+/* Under lua_pcall: 1 the messages, 2 the arguments. */
+static int count_users(lua_State *L)
+{
+  users_args *a = lua_touserdata(L, 2);
+  bool kept = berth_json_isarray(L, 1);   /* the check's arrays: the marker's */
+  push_weak_table(L, &users_key);                               /* 3 */
+  lua_pushliteral(L, "role");                                   /* 4 */
+  lua_Integer from = 1, users = 0, last = 0;
+  lua_pushvalue(L, 1);
+  if (kept && lua_rawget(L, 3) == LUA_TNUMBER) {
+    lua_Integer v = lua_tointeger(L, -1), read = v & USERS_MASK;
+    if (read <= a->n) {
+      from = read + 1;
+      users = (v >> USERS_BITS) & USERS_MASK;
+      last = (v >> 2 * USERS_BITS) & USERS_MASK;
+    }
+  }
+  lua_pop(L, 1);
+  for (lua_Integer i = from; i <= a->n; i++) {
+    lua_rawgeti(L, 1, i);
+    if (is_user(L, -1, 4)) {
+      users++;
+      last = i;
+    }
+    lua_pop(L, 1);
+  }
+  if (kept) {
+    lua_pushvalue(L, 1);
+    if (a->n <= USERS_MASK)
+      lua_pushinteger(L, a->n | users << USERS_BITS | last << 2 * USERS_BITS);
+    else
+      lua_pushnil(L);           /* (a history of 2 million messages is read whole) */
+    lua_rawset(L, 3);
+  }
+  a->count = (size_t)users;
+  a->last = last > 0 ? (size_t)last - 1 : 0;
+  return 0;
+}
+
+static bool r_user_turns(const berth_model_request *base, size_t *count, size_t *last)
+{
+  const berth_chat_request *r = (const berth_chat_request *)base;
+  lua_State *L = r->L;
+  if (r->count <= 0 || lua_type(L, r->messages) != LUA_TTABLE || !lua_checkstack(L, 4))
+    return false;
+  users_args a = {r->count, 0, 0};
+  lua_pushcfunction(L, count_users);
+  lua_pushvalue(L, r->messages);
+  lua_pushlightuserdata(L, &a);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    lua_pop(L, 1);              /* the error: memory ran out */
+    return false;
+  }
+  *count = a.count;
+  *last = a.last;
+  return true;
+}
+
+/* ------} */
+
+static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text,
+                                                   r_user_turns, NULL};
 
 void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools)
 {

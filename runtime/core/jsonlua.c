@@ -1047,14 +1047,21 @@ static int json_object_fn(lua_State *L)
   return 1;
 }
 
-static int json_isarray(lua_State *L)
+bool berth_json_isarray(lua_State *L, int idx)
 {
-  int r = 0;
-  if (lua_istable(L, 1) && lua_getmetatable(L, 1)) {
+  int top = lua_gettop(L);
+  bool r = false;
+  if (lua_istable(L, idx) && lua_getmetatable(L, idx)) {
     luaL_getmetatable(L, BERTH_JSON_ARRAY_MT);
     r = lua_rawequal(L, -1, -2);
   }
-  lua_pushboolean(L, r);
+  lua_settop(L, top);
+  return r;
+}
+
+static int json_isarray(lua_State *L)
+{
+  lua_pushboolean(L, berth_json_isarray(L, 1));
   return 1;
 }
 

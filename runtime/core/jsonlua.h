@@ -46,6 +46,8 @@ const json_t *berth_json_check_boxed(lua_State *L, int idx);
  * the GC does not feel it, and a box has a finalizer, so it is freed only in the
  * cycle after the one that found it garbage.  The value must not be used after. */
 void berth_json_box_free(lua_State *L, int idx);
+/* Whether the value at `idx` is a table with the array marker (json.isArray). */
+bool berth_json_isarray(lua_State *L, int idx);
 /* Sets the array (or object) marker on the table at `idx`. */
 void berth_json_setarray(lua_State *L, int idx);
 void berth_json_setobject(lua_State *L, int idx);

@@ -42,6 +42,12 @@ long berth_request_count(const berth_model_request *r);
  * absent or not a string.  The bytes are as given (UTF-8 not checked, NULs kept). */
 const char *berth_request_string(const berth_model_request *r, size_t i, const char *name,
                                  size_t *len);
+/* How many messages have the role "user": the user turns so far, the last one's
+ * included.  *last (when not NULL) gets the index of the last of them (0 when there is
+ * none).  The host's request counts only the messages appended since an earlier call
+ * was given the same array (chat_request.c; ctx.messages's rule, runtime/README.md);
+ * others read every message's role. */
+size_t berth_request_user_turns(const berth_model_request *r, size_t *last);
 /* Field `name` of message i as a JSON value (borrowed, until chat() returns); NULL as
  * for berth_request_string, or when memory ran out. */
 const json_t *berth_request_value(const berth_model_request *r, size_t i, const char *name);

@@ -544,14 +544,15 @@ static int s_chat(berth_model *base, const berth_model_request *request,
     *err = berth_xstrdup("scripted model: the request has no messages array");
     return -1;
   }
-  size_t k = 0, last_user = 0, step = 1;
-  for (size_t i = 0; i < (size_t)n; i++) {
-    const char *role = berth_request_string(request, i, "role", NULL);
-    if (role && !strcmp(role, "user")) {
-      k++;
-      last_user = i;
-      step = 1;
-    } else if (role && !strcmp(role, "assistant"))
+  /* The k-th user turn, at its step-th reply: 1 + the assistant messages after the
+   * last user message.  The host's request counts the user messages appended since its
+   * last call (model.h), so only this turn's messages are read here. */
+  size_t last_user = 0, step = 1;
+  size_t k = berth_request_user_turns(request, &last_user);
+  for (size_t i = last_user + 1; k && i < (size_t)n; i++) {
+    size_t len;
+    const char *role = berth_request_string(request, i, "role", &len);
+    if (role && len == 9 && memcmp(role, "assistant", 9) == 0)
       step++;
   }
   if (k == 0) {

@@ -22,6 +22,24 @@ const char *berth_request_string(const berth_model_request *r, size_t i, const c
   return r->ops->string(r, i, name, len);
 }
 
+size_t berth_request_user_turns(const berth_model_request *r, size_t *last)
+{
+  size_t count = 0, at = 0;
+  long n = r->ops->count(r);
+  if (n > 0 && !(r->ops->user_turns && r->ops->user_turns(r, &count, &at)))
+    for (size_t i = 0; i < (size_t)n; i++) {
+      size_t len;
+      const char *role = r->ops->string(r, i, "role", &len);
+      if (role && len == 4 && memcmp(role, "user", 4) == 0) {
+        count++;
+        at = i;
+      }
+    }
+  if (last)
+    *last = at;
+  return count;
+}
+
 const json_t *berth_request_value(const berth_model_request *r, size_t i, const char *name)
 {
   long n = r->ops->count(r);
@@ -108,7 +126,7 @@ static void j_free(berth_model_request *r)
   free(j);
 }
 
-static const berth_request_ops json_ops = {j_count, j_string, j_value, j_text, j_free};
+static const berth_request_ops json_ops = {j_count, j_string, j_value, j_text, NULL, j_free};
 
 berth_model_request *berth_request_from_json(const json_t *request)
 {

@@ -9,6 +9,8 @@
 
 #include "model.h"
 
+#include <stdbool.h>
+
 /* The parts a text is asked of, by the name berth_request_text was given. */
 enum { BERTH_PART_MESSAGES, BERTH_PART_TOOLS, BERTH_PARTS };
 
@@ -20,6 +22,10 @@ typedef struct berth_request_ops {
   const json_t *(*value)(const berth_model_request *r, size_t i, const char *name);
   /* part: BERTH_PART_MESSAGES or BERTH_PART_TOOLS, an index into each maker's own */
   int (*text)(const berth_model_request *r, int part, const char **text, size_t *len);
+  /* berth_request_user_turns where the maker has a cheaper way than reading every
+   * message's role (NULL: none); false when it cannot answer (memory), and the readers
+   * walk the messages instead */
+  bool (*user_turns)(const berth_model_request *r, size_t *count, size_t *last);
   void (*free)(berth_model_request *r);   /* NULL: not freed by berth_request_free */
 } berth_request_ops;
 
