@@ -258,16 +258,15 @@ static bool is_user(lua_State *L, int message, int role_name)
   return user;
 }
 
-/* Under lua_pcall: 1 the messages, 2 the arguments. */
+/* Under lua_pcall: 1 the messages, 2 the arguments, 3 the name "role". */
 static int count_users(lua_State *L)
 {
   users_args *a = lua_touserdata(L, 2);
   bool kept = berth_json_isarray(L, 1);   /* the check's arrays: the marker's */
-  push_weak_table(L, &users_key);                               /* 3 */
-  lua_pushliteral(L, "role");                                   /* 4 */
+  push_weak_table(L, &users_key);                               /* 4 */
   lua_Integer from = 1, users = 0, last = 0;
   lua_pushvalue(L, 1);
-  if (kept && lua_rawget(L, 3) == LUA_TNUMBER) {
+  if (kept && lua_rawget(L, 4) == LUA_TNUMBER) {
     lua_Integer v = lua_tointeger(L, -1), read = v & USERS_MASK;
     if (read <= a->n) {
       from = read + 1;
@@ -278,7 +277,7 @@ static int count_users(lua_State *L)
   lua_pop(L, 1);
   for (lua_Integer i = from; i <= a->n; i++) {
     lua_rawgeti(L, 1, i);
-    if (is_user(L, -1, 4)) {
+    if (is_user(L, -1, 3)) {
       users++;
       last = i;
     }
@@ -290,7 +289,7 @@ static int count_users(lua_State *L)
       lua_pushinteger(L, a->n | users << USERS_BITS | last << 2 * USERS_BITS);
     else
       lua_pushnil(L);           /* (a history of 2 million messages is read whole) */
-    lua_rawset(L, 3);
+    lua_rawset(L, 4);
   }
   a->count = (size_t)users;
   a->last = last > 0 ? (size_t)last - 1 : 0;
@@ -301,13 +300,14 @@ static bool r_user_turns(const berth_model_request *base, size_t *count, size_t 
 {
   const berth_chat_request *r = (const berth_chat_request *)base;
   lua_State *L = r->L;
-  if (r->count <= 0 || lua_type(L, r->messages) != LUA_TTABLE || !lua_checkstack(L, 4))
+  if (r->count <= 0 || lua_type(L, r->messages) != LUA_TTABLE || !lua_checkstack(L, 5))
     return false;
   users_args a = {r->count, 0, 0};
   lua_pushcfunction(L, count_users);
   lua_pushvalue(L, r->messages);
   lua_pushlightuserdata(L, &a);
-  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+  lua_pushvalue(L, r->names + known_name("role"));
+  if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
     lua_pop(L, 1);              /* the error: memory ran out */
     return false;
   }
