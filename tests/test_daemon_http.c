@@ -1231,6 +1231,69 @@ static void test_D08_daemon_and_caller_caps_refuse_capacity(void **state)
     sbx_stop(&p);
 }
 
+/* The caps count what is held as sessions open, end and close (sessions.c keeps the
+ * counts rather than walking every session at each open): a session that ended by
+ * itself stops counting before its close collects it, a refused open never counted,
+ * and after a churn of opens and closes across two callers each cap still lets in
+ * exactly as many as it says. */
+static void test_D08_caps_count_what_is_held_through_ends_and_closes(void **state)
+{
+    (void)state;
+    sbx_proc p;
+    char extra[1][SBX_TOKEN_SIZE];
+    const char *args[] = {"--max-sessions", "3", "--max-sessions-per-caller", "2", NULL};
+    assert_int_equal(sbx_start_tokens(&p, args, extra, 1), 0);
+    session a1, a2, a3;
+    open_as(&p, p.token, NULL, &a1);
+    open_as(&p, p.token, NULL, &a2);
+    answer a;
+    call(&p, "OpenSession", "{\"protocol\": 3}", &a); /* per caller: 2 */
+    expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+    answer_free(&a);
+    /* ended (a tombstone until closed): no longer held */
+    json_t *o = cell_ok(&p, &a1, "python", "plimsoll-fake:ends-session");
+    assert_string_equal(jstr(o, "ended"), "SESSION_END_DISK_EXCEEDED");
+    json_decref(o);
+    open_as(&p, p.token, NULL, &a3);
+    call(&p, "OpenSession", "{\"protocol\": 3}", &a);
+    expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+    answer_free(&a);
+    close_expect(&p, &a1, "SESSION_END_DISK_EXCEEDED"); /* collecting it frees nothing more */
+    call(&p, "OpenSession", "{\"protocol\": 3}", &a);
+    expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+    answer_free(&a);
+    /* churn: the other caller fills the daemon's last place again and again */
+    sbx_proc other = p;         /* the same daemon, called with the other token */
+    snprintf(other.token, sizeof other.token, "%s", extra[0]);
+    for (int i = 0; i < 20; i++) {
+        session b;
+        open_session(&other, NULL, &b);
+        call_as(&p, extra[0], "OpenSession", "{\"protocol\": 3}", &a); /* daemon-wide: 3 */
+        expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+        answer_free(&a);
+        if (i % 2)
+            close_expect(&other, &b, "SESSION_END_CLOSED");
+        else {
+            json_decref(cell_ok(&other, &b, "javascript", "plimsoll-fake:ends-session"));
+            close_expect(&other, &b, "SESSION_END_DISK_EXCEEDED");
+        }
+    }
+    close_expect(&p, &a2, "SESSION_END_CLOSED");
+    close_expect(&p, &a3, "SESSION_END_CLOSED");
+    /* nothing held: each caller gets its 2 again, the daemon its 3 */
+    session c[3];
+    open_session(&p, NULL, &c[0]);
+    open_session(&p, NULL, &c[1]);
+    open_session(&other, NULL, &c[2]);
+    call_as(&p, extra[0], "OpenSession", "{\"protocol\": 3}", &a);
+    expect_refusal(&a, 429, "resource_exhausted", PLM_REFUSAL_CAPACITY, NULL);
+    answer_free(&a);
+    close_expect(&p, &c[0], "SESSION_END_CLOSED");
+    close_expect(&p, &c[1], "SESSION_END_CLOSED");
+    close_expect(&other, &c[2], "SESSION_END_CLOSED");
+    sbx_stop(&p);
+}
+
 static void test_D11_unknown_and_foreign_session_ids_are_not_found(void **state)
 {
     (void)state;
@@ -2371,6 +2434,7 @@ int main(void)
         cmocka_unit_test(test_D07_owner_must_be_1_to_64_safe_characters),
         cmocka_unit_test(test_D43_cell_files_over_limits_or_unsafe_are_refused),
         cmocka_unit_test(test_D08_daemon_and_caller_caps_refuse_capacity),
+        cmocka_unit_test(test_D08_caps_count_what_is_held_through_ends_and_closes),
         cmocka_unit_test(test_D11_unknown_and_foreign_session_ids_are_not_found),
         cmocka_unit_test(test_D11_each_of_many_sessions_is_found_by_its_own_id),
         cmocka_unit_test(test_D12_D17_a_session_ending_in_a_call_is_reported_then_refused),

@@ -5,7 +5,10 @@
  * LIVE (registered; open, or ended and kept as a tombstone that refuses calls with
  * its end) → FORGOTTEN (unlinked; freed once the last reference and the provider's
  * last operation are gone).  Caps count opening sessions and registered ones that
- * have not ended.
+ * have not ended: kept as counts (the daemon's and each caller's), changed as a session
+ * starts opening, fails to open or ends, so an open costs the same with 10 sessions
+ * held as with 10 000 (a walk of every session at each open was 8 % of sandboxd in a
+ * burst of 2 000 opens, growing with every session held).
  *
  * Timers run on the loop's clock; expiresUnixMs is reported in wall-clock time.
  */
@@ -28,6 +31,14 @@
 
 typedef enum sess_state { S_OPENING, S_LIVE, S_FORGOTTEN } sess_state;
 
+/* What one caller holds (the per-caller cap): a record per principal that ever opened,
+ * kept until the registry goes.  Principals are the callers the token file lets in. */
+typedef struct caller_count {
+    plm_idmap_node node;           /* in the registry's `callers`, keyed by principal */
+    char principal[65];
+    size_t held;
+} caller_count;
+
 struct sbx_session {
     sbx_registry *reg;
     int refs;
@@ -36,6 +47,8 @@ struct sbx_session {
     char fp[65];                   /* SHA-256 of the id, hex: logs name it, `live` is keyed by it */
     plm_idmap_node by_fp;          /* in the registry's `live` while S_LIVE */
     char principal[65];
+    caller_count *caller;          /* its principal's count */
+    bool held;                     /* counted against the caps: opening, or open */
     char *owner;
     char *tier, *software_identity;
     sbx_psession *ps;              /* NULL once the provider closed it */
@@ -70,6 +83,8 @@ struct sbx_registry {
     sbx_session *sessions;         /* registered: open and tombstones */
     plm_idmap live;                /* the same, by fingerprint: a call's lookup */
     sbx_session *opening;
+    size_t held;                   /* sessions opening, and registered ones not ended */
+    plm_idmap callers;             /* caller_count by principal */
     uint64_t clock;
     int provider_ops;              /* across all sessions */
     bool shutting_down;
@@ -109,6 +124,44 @@ static void list_del(sbx_session **head, sbx_session *s)
     s->prev = s->next = NULL;
 }
 
+/* The count of `principal`'s sessions, made on its first open. */
+static caller_count *caller_of(sbx_registry *r, const char *principal)
+{
+    plm_idmap_node *n = plm_idmap_get(&r->callers, principal);
+    if (n)
+        return PLM_IDMAP_OWNER(n, caller_count, node);
+    caller_count *c = sbx_xcalloc(1, sizeof *c);
+    snprintf(c->principal, sizeof c->principal, "%s", principal);
+    c->node.key = c->principal;
+    if (!plm_idmap_put(&r->callers, &c->node))
+        sbx_out_of_memory();
+    return c;
+}
+
+static void caller_free(void *ud, plm_idmap_node *n)
+{
+    plm_idmap_remove(ud, n);
+    free(PLM_IDMAP_OWNER(n, caller_count, node));
+}
+
+/* The session counts against the caps from now (it starts opening)... */
+static void hold(sbx_session *s)
+{
+    s->held = true;
+    s->reg->held++;
+    s->caller->held++;
+}
+
+/* ...until it fails to open or ends.  Once. */
+static void unhold(sbx_session *s)
+{
+    if (!s->held)
+        return;
+    s->held = false;
+    s->reg->held--;
+    s->caller->held--;
+}
+
 static sbx_session *session_new(sbx_registry *r, const sbx_open_req *req)
 {
     sbx_session *s = sbx_xcalloc(1, sizeof *s);
@@ -117,6 +170,7 @@ static sbx_session *session_new(sbx_registry *r, const sbx_open_req *req)
     s->state = S_OPENING;
     s->end = PLM_END_OPEN;
     snprintf(s->principal, sizeof s->principal, "%s", req->principal);
+    s->caller = caller_of(r, s->principal);
     s->owner = sbx_xstrdup(req->owner);
     s->languages = req->languages;
     ev_timer_init(&s->lifetime, on_lifetime, 0., 0.);
@@ -226,6 +280,7 @@ void sbx_session_end(sbx_session *s, plm_session_end why, const char *detail)
     if (s->end != PLM_END_OPEN || s->state != S_LIVE)
         return; /* the first reason wins */
     s->end = why;
+    unhold(s);
     s->end_detail = sbx_xstrdup(detail ? detail : "");
     ev_timer_stop(r->loop, &s->lifetime);
     ev_timer_stop(r->loop, &s->idle);
@@ -249,6 +304,7 @@ void sbx_session_forget(sbx_session *s)
         return;
     ev_timer_stop(s->reg->loop, &s->tombstone);
     s->state = S_FORGOTTEN;
+    unhold(s);                   /* (ended before, as a rule) */
     list_del(&s->reg->sessions, s);
     plm_idmap_remove(&s->reg->live, &s->by_fp);
     sbx_session_unref(s); /* the registry's reference */
@@ -405,7 +461,8 @@ static int by_used(const void *a, const void *b)
 
 /* The per-owner cap: the owner's least recently used idle sessions to replace.
  * Returns how many are needed (the victims in *out, malloc'd, oldest first) or -1
- * when fewer are idle. */
+ * when fewer are idle.  It walks every session, but only with an owner cap set
+ * (--max-sessions-per-owner) and an open that names its owner. */
 static int pick_victims(sbx_registry *r, const sbx_open_req *req, sbx_session ***out)
 {
     *out = NULL;
@@ -440,14 +497,10 @@ static int pick_victims(sbx_registry *r, const sbx_open_req *req, sbx_session **
 /* Opening sessions and registered ones not ended, of one principal or of all. */
 static size_t count_held(const sbx_registry *r, const char *principal)
 {
-    size_t n = 0;
-    for (const sbx_session *s = r->sessions; s; s = s->next)
-        if (s->end == PLM_END_OPEN && (!principal || strcmp(s->principal, principal) == 0))
-            n++;
-    for (const sbx_session *s = r->opening; s; s = s->next)
-        if (!principal || strcmp(s->principal, principal) == 0)
-            n++;
-    return n;
+    if (!principal)
+        return r->held;
+    plm_idmap_node *n = plm_idmap_get(&r->callers, principal);
+    return n ? PLM_IDMAP_OWNER(n, caller_count, node)->held : 0;
 }
 
 static uint32_t effective_lifetime(uint32_t configured, uint32_t requested)
@@ -483,6 +536,7 @@ static void on_provider_opened(void *ud, sbx_err *err, sbx_psession *ps, const c
             r->ops->session_close(ps, PLM_END_SHUTDOWN, on_provider_closed, s);
         }
         s->state = S_FORGOTTEN;
+        unhold(s);
         sbx_opened_cb cb = s->opened_cb;
         void *cb_ud = s->opened_ud;
         sbx_session_unref(s);
@@ -557,6 +611,7 @@ sbx_err *sbx_registry_open(sbx_registry *r, const sbx_open_req *req, sbx_opened_
     s->opened_cb = cb;
     s->opened_ud = ud;
     list_add(&r->opening, s);
+    hold(s);
     /* Counted before any victim's close can finish, so the open starts exactly once. */
     s->victims_pending = need + 1;
     for (int i = 0; i < need; i++) {
@@ -589,6 +644,7 @@ sbx_registry *sbx_registry_new(struct ev_loop *loop, const sbx_config *cfg,
     r->ops = ops;
     r->provider = provider;
     plm_idmap_init(&r->live);
+    plm_idmap_init(&r->callers);
     ev_timer_init(&r->quiet_now, on_quiet_now, 0., 0.);
     r->quiet_now.data = r;
     return r;
@@ -652,5 +708,7 @@ void sbx_registry_free(sbx_registry *r)
         session_free(s);
     }
     plm_idmap_free(&r->live); /* its entries were the sessions */
+    plm_idmap_each(&r->callers, caller_free, &r->callers);
+    plm_idmap_free(&r->callers);
     free(r);
 }
