@@ -12,8 +12,14 @@
 #include "berth.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+/* The most this process's table was grown to: berth serve reserves before its store's
+ * threads start and berth_host_new again, and the table never shrinks, so a call that
+ * wants no more than that makes no system call beyond getrlimit. */
+static _Atomic unsigned long reserved;
 
 unsigned long berth_reserve_descriptors(void)
 {
@@ -24,6 +30,8 @@ unsigned long berth_reserve_descriptors(void)
                            ? BERTH_RESERVED_DESCRIPTORS : (unsigned long)rl.rlim_cur;
   if (want < 2)
     return 0;
+  if (want <= atomic_load(&reserved))
+    return want;
   /* A descriptor at want - 1 makes the kernel size the table for it; closed at once,
    * its slot stays: the table never shrinks. */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -34,5 +42,8 @@ unsigned long berth_reserve_descriptors(void)
   if (high < 0)
     return 0;
   close(high);
+  unsigned long was = atomic_load(&reserved);
+  while (was < want && !atomic_compare_exchange_weak(&reserved, &was, want))
+    ;
   return want;
 }
