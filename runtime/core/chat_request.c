@@ -175,13 +175,24 @@ static int r_text(const berth_model_request *base, int k, const char **text, siz
  * of it fails (the call fails: nil, message, code) where model.chat would have
  * raised.  The keys are the arrays themselves, so an entry goes with its array and
  * holds nothing alive: not a conversation unloaded, nor an array a hook built for one
- * call. */
+ * call.
+ *
+ * The same pass counts the user messages among the messages it walks (the user
+ * turns: berth_request_user_turns, model.h), kept in the same entry: the scripted
+ * model finds its place in its script from that count, and reading every message's
+ * role at every call was a tenth of berth serve's main thread at 40 turns a
+ * conversation.  One integer holds the three: the entries checked, the user messages
+ * among them and the last one's index, MEMO_BITS each; an array of more entries than
+ * that holds is walked whole at every call. */
 static const char checked_key = 0;
 
-/* Pushes the registry's table with weak keys at `key`, made on first use. */
-static void push_weak_table(lua_State *L, const void *key)
+#define MEMO_BITS 21
+#define MEMO_MASK (((lua_Integer)1 << MEMO_BITS) - 1)
+
+/* Pushes the table of what was checked, made on first use. */
+static void push_checked(lua_State *L)
 {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE)
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &checked_key) == LUA_TTABLE)
     return;
   lua_pop(L, 1);
   lua_newtable(L);
@@ -190,28 +201,66 @@ static void push_weak_table(lua_State *L, const void *key)
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &checked_key);
+}
+
+/* Adds the user messages among entries from..n of the array at `idx` (absolute) to
+ * *users, and the last one's index (from 1) to *last. */
+static void count_users(lua_State *L, int idx, lua_Integer from, lua_Integer n,
+                        lua_Integer *users, lua_Integer *last)
+{
+  lua_pushliteral(L, "role");
+  int role = lua_gettop(L);
+  for (lua_Integer i = from; i <= n; i++) {
+    if (lua_rawgeti(L, idx, i) == LUA_TTABLE) {
+      size_t len;
+      lua_pushvalue(L, role);
+      const char *s = lua_rawget(L, -2) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+      if (s && len == 4 && memcmp(s, "user", 4) == 0) {
+        (*users)++;
+        *last = i;
+      }
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 /* Whether the part at `idx` converts, walking only what no earlier call walked of
- * it; *length as berth_json_converts's.  Raises only when memory runs out. */
-static bool part_converts(lua_State *L, int idx, lua_Integer *length)
+ * it; *length as berth_json_converts's.  With `r` (the messages), counts their user
+ * messages into r.  Raises only when memory runs out. */
+static bool part_converts(lua_State *L, int idx, lua_Integer *length, berth_chat_request *r)
 {
-  luaL_checkstack(L, 3, "model.chat");
-  push_weak_table(L, &checked_key);
+  luaL_checkstack(L, 5, "model.chat");
+  push_checked(L);
   int checked = lua_gettop(L);
   lua_pushvalue(L, idx);
-  lua_Integer seen = lua_rawget(L, checked) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
+  lua_Integer was = lua_rawget(L, checked) == LUA_TNUMBER ? lua_tointeger(L, -1) : 0;
   lua_pop(L, 1);
+  lua_Integer seen = was & MEMO_MASK, users = (was >> MEMO_BITS) & MEMO_MASK,
+              last = (was >> 2 * MEMO_BITS) & MEMO_MASK;
   lua_Integer n;
   bool ok = seen > 0 ? berth_json_converts_from(L, idx, seen + 1, &n)
                      : berth_json_converts(L, idx, &n);
+  if (ok && r && n >= 0) {
+    /* taken up where the check takes up (berth_json_converts_from): an array with
+     * the marker, at least as long as it was */
+    bool on = seen > 0 && n >= seen && berth_json_isarray(L, idx);
+    if (!on)
+      users = last = 0;
+    count_users(L, idx, on ? seen + 1 : 1, n, &users, &last);
+    r->users = (size_t)users;
+    r->last_user = last > 0 ? (size_t)last - 1 : 0;
+    r->users_counted = true;
+  }
   /* n is the number of entries only for an array (taken up again only with the
-   * marker: berth_json_converts_from); an array that shrank is known to its length */
-  if (ok && n != seen && lua_type(L, idx) == LUA_TTABLE) {
+   * marker); an array that shrank is known to its length */
+  lua_Integer now = n > 0 && n <= MEMO_MASK ? n | users << MEMO_BITS | last << 2 * MEMO_BITS : 0;
+  if (ok && now != was && lua_type(L, idx) == LUA_TTABLE) {
     lua_pushvalue(L, idx);
-    if (n > 0)
-      lua_pushinteger(L, n);
+    if (now)
+      lua_pushinteger(L, now);
     else
       lua_pushnil(L);
     lua_rawset(L, checked);
@@ -224,99 +273,13 @@ static bool part_converts(lua_State *L, int idx, lua_Integer *length)
 
 /* ------} */
 
-/* {------ the user turns
- * The scripted model finds its place in its script from the number of user messages,
- * and reading every message's role at every call was a tenth of berth serve's main
- * thread at 40 turns a conversation, growing with every turn.  So the count is kept as
- * the check's is (above): in a table with weak keys, what the count found in each
- * array, packed in an integer (the entries read, the user messages among them, the
- * index of the last); a later call with the same array reads only the entries appended
- * since, under the same rule (an entry changed in place is not read again), for the
- * same arrays (those with the array marker; another table is read whole).  An array
- * shorter than what was read is read again whole.  Made on first use: only an adapter
- * that asks pays for it. */
-static const char users_key = 0;
-
-#define USERS_BITS 21           /* each field of the packed count */
-#define USERS_MASK (((lua_Integer)1 << USERS_BITS) - 1)
-
-typedef struct users_args {
-  lua_Integer n;                /* the messages' length */
-  size_t count, last;
-} users_args;
-
-static bool is_user(lua_State *L, int message, int role_name)
-{
-  size_t len;
-  message = lua_absindex(L, message);
-  if (lua_type(L, message) != LUA_TTABLE)
-    return false;
-  lua_pushvalue(L, role_name);
-  const char *role = lua_rawget(L, message) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-  bool user = role && len == 4 && memcmp(role, "user", 4) == 0;
-  lua_pop(L, 1);
-  return user;
-}
-
-/* Under lua_pcall: 1 the messages, 2 the arguments, 3 the name "role". */
-static int count_users(lua_State *L)
-{
-  users_args *a = lua_touserdata(L, 2);
-  bool kept = berth_json_isarray(L, 1);   /* the check's arrays: the marker's */
-  push_weak_table(L, &users_key);                               /* 4 */
-  lua_Integer from = 1, users = 0, last = 0;
-  lua_pushvalue(L, 1);
-  if (kept && lua_rawget(L, 4) == LUA_TNUMBER) {
-    lua_Integer v = lua_tointeger(L, -1), read = v & USERS_MASK;
-    if (read <= a->n) {
-      from = read + 1;
-      users = (v >> USERS_BITS) & USERS_MASK;
-      last = (v >> 2 * USERS_BITS) & USERS_MASK;
-    }
-  }
-  lua_pop(L, 1);
-  for (lua_Integer i = from; i <= a->n; i++) {
-    lua_rawgeti(L, 1, i);
-    if (is_user(L, -1, 3)) {
-      users++;
-      last = i;
-    }
-    lua_pop(L, 1);
-  }
-  if (kept) {
-    lua_pushvalue(L, 1);
-    if (a->n <= USERS_MASK)
-      lua_pushinteger(L, a->n | users << USERS_BITS | last << 2 * USERS_BITS);
-    else
-      lua_pushnil(L);           /* (a history of 2 million messages is read whole) */
-    lua_rawset(L, 4);
-  }
-  a->count = (size_t)users;
-  a->last = last > 0 ? (size_t)last - 1 : 0;
-  return 0;
-}
-
 static bool r_user_turns(const berth_model_request *base, size_t *count, size_t *last)
 {
   const berth_chat_request *r = (const berth_chat_request *)base;
-  lua_State *L = r->L;
-  if (r->count <= 0 || lua_type(L, r->messages) != LUA_TTABLE || !lua_checkstack(L, 5))
-    return false;
-  users_args a = {r->count, 0, 0};
-  lua_pushcfunction(L, count_users);
-  lua_pushvalue(L, r->messages);
-  lua_pushlightuserdata(L, &a);
-  lua_pushvalue(L, r->names + known_name("role"));
-  if (lua_pcall(L, 3, 0, 0) != LUA_OK) {
-    lua_pop(L, 1);              /* the error: memory ran out */
-    return false;
-  }
-  *count = a.count;
-  *last = a.last;
-  return true;
+  *count = r->users;
+  *last = r->last_user;
+  return r->users_counted;
 }
-
-/* ------} */
 
 static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text,
                                                    r_user_turns, NULL};
@@ -329,8 +292,8 @@ void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, 
   r->messages = lua_absindex(L, messages);
   r->tools = tools ? lua_absindex(L, tools) : 0;
   lua_Integer count;            /* what the check found messages to be: an array's length */
-  if (!part_converts(L, r->messages, &count) ||
-      (r->tools && !part_converts(L, r->tools, NULL))) {
+  if (!part_converts(L, r->messages, &count, r) ||
+      (r->tools && !part_converts(L, r->tools, NULL, NULL))) {
     /* The error names its path from the request, as it always has. */
     lua_createtable(L, 0, 2);
     lua_pushvalue(L, r->messages);
