@@ -217,7 +217,12 @@ def row_idle_memory(b):
             % (num(min(alloc)), num(max(alloc)), span(list(alloc.values()), kb),
                span(list(rss.values()), kb)))
     worst = max(rss.values())
-    return text, [("≤ 8 KiB (RSS)", [] if worst <= 8192 else ["%s KiB" % kb(worst)])]
+    # a run whose turns failed measured no idle conversation: its bytes say nothing
+    failed = ["{:,} turns failed at {}".format(int(r["failed_turns"]["value"]),
+                                               num(r["params"]["conversations"])).replace(",", " ")
+              for r in get(b, "idle_memory", "runs")
+              if r.get("failed_turns", {}).get("value")]
+    return text, [("≤ 8 KiB (RSS)", failed + ([] if worst <= 8192 else ["%s KiB" % kb(worst)]))]
 
 
 def row_turns(b):
