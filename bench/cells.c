@@ -9,8 +9,8 @@
  *   - open + first cell, cold (--pool 0) and from the warm pool;
  *   - what the pool's members use of a core while they wait (idle_cpu);
  *   - the floor: the same trivial cell sent straight to the same kernel, started as a
- *     sandbox's supervisor starts it (kernels.h: the kernels and flags sandboxd carries), over FIFOs,
- *     with no daemon, no HTTP and no sandbox; and the ratios to it.
+ *     sandbox's supervisor starts it (kernels.h: the kernels and flags sandboxd
+ *     carries), over FIFOs, with no daemon, no HTTP and no sandbox; and the ratios to it.
  *   - the data stack (issue 16): in a fresh session from the warm pool, the first
  *     `import numpy` and the first import of NumPy, SciPy, pandas and matplotlib.pyplot
  *     (Agg), the Python kernel's VmRSS without them, after numpy and after all four, a

@@ -252,7 +252,6 @@ static bool part_converts(lua_State *L, int idx, lua_Integer *length, berth_chat
     count_users(L, idx, on ? seen + 1 : 1, n, &users, &last);
     r->users = (size_t)users;
     r->last_user = last > 0 ? (size_t)last - 1 : 0;
-    r->users_counted = true;
   }
   /* n is the number of entries only for an array (taken up again only with the
    * marker); an array that shrank is known to its length */
@@ -273,12 +272,14 @@ static bool part_converts(lua_State *L, int idx, lua_Integer *length, berth_chat
 
 /* ------} */
 
+/* Asked only of messages that are an array (berth_request_user_turns), which init
+ * counted. */
 static bool r_user_turns(const berth_model_request *base, size_t *count, size_t *last)
 {
   const berth_chat_request *r = (const berth_chat_request *)base;
   *count = r->users;
   *last = r->last_user;
-  return r->users_counted;
+  return true;
 }
 
 static const berth_request_ops chat_request_ops = {r_count, r_string, r_value, r_text,

@@ -11,7 +11,6 @@
 #define BERTH_CHAT_REQUEST_H
 
 #include <lua.h>
-#include <stdbool.h>
 
 #include "request.h"
 
@@ -22,7 +21,6 @@ typedef struct berth_chat_request {
   int names;                    /* the first of the field names init pushed */
   long count;
   size_t users, last_user;      /* the user messages, counted with the check */
-  bool users_counted;
   char *text[BERTH_PARTS];      /* the texts written, owned */
   size_t text_len[BERTH_PARTS];
   json_t **values;              /* what berth_request_value converted, owned */
@@ -34,8 +32,9 @@ typedef struct berth_chat_request {
  * jsonlua's error, naming the path from the request ($.messages[2].content), when a
  * part has no JSON form.  An array with the array marker that an earlier call checked
  * is walked only from the entries appended since (chat_request.c says why and what it
- * costs); the same walk counts the user messages (berth_request_user_turns).  Pushes the field names the readers look up (4 values), which must stay
- * too.  The readers leave L's stack as they found it. */
+ * costs); the same walk counts the user messages (berth_request_user_turns).  Pushes
+ * the field names the readers look up (4 values), which must stay too.  The readers
+ * leave L's stack as they found it. */
 void berth_chat_request_init(berth_chat_request *r, lua_State *L, int messages, int tools);
 /* Frees what the readers converted.  Never raises. */
 void berth_chat_request_done(berth_chat_request *r);
