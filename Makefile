@@ -226,8 +226,8 @@ $(BUILD)/tests/%: tests/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libbe
 	$(CC) $(CPPFLAGS) -MF $(@D)/.$(@F).d $(DIR_tests) $(CFLAGS) -Wl,-E -o $@ $< $(TESTLIB_OBJ) $(BUILD)/berth-faces.a $(BUILD)/libberth.a $(BUILD)/libplimsoll.a $(LDFLAGS) $(FACES_LIBS) -lcmocka
 
 # A benchmark's own objects beyond the libraries: bench/cells' floor starts the kernels
-# sandboxd carries, with their flags.
-BENCH_OBJ_cells := $(BUILD)/obj/sandboxd/inside/kernels.o
+# sandboxd carries, with their flags, on the command line its supervisor gives them.
+BENCH_OBJ_cells := $(BUILD)/obj/sandboxd/inside/kernels.o $(BUILD)/obj/sandboxd/inside/kernel_argv.o
 $(BUILD)/bench/cells: $(BENCH_OBJ_cells)
 $(BUILD)/bench/%: bench/%.c $(TESTLIB_OBJ) $(BUILD)/libplimsoll.a $(BUILD)/libberth.a
 	@mkdir -p $(dir $@)

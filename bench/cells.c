@@ -145,28 +145,6 @@ static int wait_log(const sbx_proc *d, const char *needle, size_t than)
 
 /* ---------------------------------------------------------------- the floor */
 
-/* The command line a sandbox's supervisor gives a kernel, less Node's heap limit: the
- * interpreter, the flags kernels.h names, the kernel's source, prefix and token.  In
- * argv[cap]; false when it does not fit. */
-static bool floor_argv(const char **argv, size_t cap, bool py, const char *prefix,
-                       const char *token)
-{
-    const char *const *flags = py ? sbx_python_flags : sbx_node_flags;
-    size_t i = 0;
-    argv[i++] = py ? "/usr/bin/python3" : "/usr/bin/node";
-    for (size_t k = 0; flags[k]; k++) {
-        if (i + 5 > cap)
-            return false;
-        argv[i++] = flags[k];
-    }
-    argv[i++] = py ? "-c" : "-e";
-    argv[i++] = py ? sbx_kernel_py : sbx_kernel_js;
-    argv[i++] = prefix;
-    argv[i++] = token;
-    argv[i] = NULL;
-    return true;
-}
-
 /* n bytes from fd, waiting for them when the FIFO is non-blocking (Node makes its
  * stdout and stderr so, and these file descriptions are the ones it holds). */
 static int read_full(int fd, unsigned char *p, size_t n)
@@ -233,7 +211,9 @@ static double floor_ms(const char *lang, int samples, json_t **dist)
     snprintf(prefix, sizeof prefix, "%s/k", dir);
     const char *token = "0123456789abcdef0123456789abcdef";
     const char *argv[24];
-    if (!floor_argv(argv, sizeof argv / sizeof *argv, py, prefix, token)) {
+    /* the supervisor's command line (kernels.h), less Node's heap limit */
+    if (!sbx_kernel_argv(argv, sizeof argv / sizeof *argv, py,
+                         py ? "/usr/bin/python3" : "/usr/bin/node", NULL, prefix, token)) {
         rmdir(dir);
         return 0;
     }

@@ -330,32 +330,6 @@ static int open_output_fifo(const char *path)
     return fd;
 }
 
-/* A kernel's command line into argv[cap]: the interpreter, its flags (kernels.h), the
- * heap limit for Node, the kernel's source, its prefix and token.  False when it does
- * not fit. */
-static bool kernel_argv(char **argv, size_t cap, int lang, char *heap, char *prefix, char *tok)
-{
-    bool py = lang == SUP_LANG_PY;
-    const char *const *flags = py ? sbx_python_flags : sbx_node_flags;
-    size_t n = 0, need = 6;     /* interpreter, heap, -c/-e, source, prefix, token */
-    while (flags[n])
-        n++;
-    if (n + need + 1 > cap)
-        return false;
-    size_t i = 0;
-    argv[i++] = (char *)(py ? O.python : O.node);
-    for (size_t k = 0; k < n; k++)
-        argv[i++] = (char *)flags[k];
-    if (!py)
-        argv[i++] = heap;
-    argv[i++] = py ? "-c" : "-e";
-    argv[i++] = (char *)(py ? sbx_kernel_py : sbx_kernel_js);
-    argv[i++] = prefix;
-    argv[i++] = tok;
-    argv[i] = NULL;
-    return true;
-}
-
 static void start_kernel(int lang, const unsigned char *token, size_t len)
 {
     if (len != SUP_TOKEN_LEN || kernel[lang])
@@ -383,15 +357,17 @@ static void start_kernel(int lang, const unsigned char *token, size_t len)
     }
     char heap[48];
     snprintf(heap, sizeof heap, "--max-old-space-size=%u", O.mem_mb ? O.mem_mb * 3 / 4 : 2048);
-    char *argv[24];
-    if (!kernel_argv(argv, sizeof argv / sizeof *argv, lang, heap, prefix, tok)) {
+    const char *argv[24];
+    bool py = lang == SUP_LANG_PY;
+    if (!sbx_kernel_argv(argv, sizeof argv / sizeof *argv, py, py ? O.python : O.node,
+                         py ? NULL : heap, prefix, tok)) {
         close(out);
         close(err);
         report_exit(lang, 127 << 8, "the interpreter's command line is too long");
         return;
     }
-    pid_t pid = spawn(argv, -1, out, err,
-                      lang == SUP_LANG_PY ? (rlim_t)O.as_mb << 20 : 0, NULL);
+    /* (execve's argv is char *const[] for C's history; nothing writes these strings) */
+    pid_t pid = spawn((char *const *)argv, -1, out, err, py ? (rlim_t)O.as_mb << 20 : 0, NULL);
     int e = errno;
     close(out);
     close(err);
