@@ -59,11 +59,16 @@ def dist(cells, provider, language, what, p="p50"):
 
 # ------------------------------------------------------------------ formatting
 
+def grouped(n):
+    """An integer with a space between thousands, every digit kept."""
+    return "{:,}".format(int(n)).replace(",", " ")
+
+
 def num(x):
     """A count with a space between thousands, to three significant figures."""
     if x >= 1000:
         x = round(x, -(len(str(int(x))) - 3))
-    return "{:,}".format(int(round(x))).replace(",", " ")
+    return grouped(round(x))
 
 
 def sig(x, digits=2):
@@ -218,8 +223,8 @@ def row_idle_memory(b):
                span(list(rss.values()), kb)))
     worst = max(rss.values())
     # a run whose turns failed measured no idle conversation: its bytes say nothing
-    failed = ["{:,} turns failed at {}".format(int(r["failed_turns"]["value"]),
-                                               num(r["params"]["conversations"])).replace(",", " ")
+    failed = ["%s turns failed at %s" % (grouped(r["failed_turns"]["value"]),
+                                         num(r["params"]["conversations"]))
               for r in get(b, "idle_memory", "runs")
               if r.get("failed_turns", {}).get("value")]
     return text, [("≤ 8 KiB (RSS)", failed + ([] if worst <= 8192 else ["%s KiB" % kb(worst)]))]
