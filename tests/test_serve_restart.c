@@ -334,6 +334,48 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
   stop(s);
 }
 
+/* One host alone on a SQLite file (docs/many-hosts.md): a second `berth serve` on the
+ * file of one that is in a turn does not start -- it would have marked that turn
+ * interrupted -- and the turn ends as it would have. */
+static void test_a_second_host_on_the_same_sqlite_file_is_refused(void **state)
+{
+  (void)state;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args()), 0);
+  char id[40];
+  create(s, 0, id);
+  CURLM *m = curl_multi_init();
+  st_stream st = {0};
+  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:1500\"}");
+  st_seen w = {&st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
+
+  char store[200];
+  snprintf(store, sizeof store, "sqlite:%s/berth.db", s->dir);
+  const char *extra[12];
+  size_t n = 0;
+  for (const char *const *a = args(); *a; a++)
+    extra[n++] = *a;
+  extra[n++] = "--store";
+  extra[n++] = store;
+  extra[n] = NULL;
+  st_server *other = calloc(1, sizeof *other);
+  assert_int_equal(st_start_like(other, s, script, extra), -1);
+  free(other);
+
+  assert_true(st_pump(m, st_done, &st, WAIT));
+  json_t *ev = st_sse_parse(st.buf, st.len);
+  json_t *end = event_named(ev, "turn_end");
+  assert_non_null(end);
+  assert_true(json_is_true(json_object_get(end, "ok")));
+  assert_null(event_named(ev, "error"));
+  json_decref(ev);
+  st_stream_free(&st, m);
+  curl_multi_cleanup(m);
+  stop(s);
+}
+
 /* {====================================================== message ids */
 
 typedef struct answer {
@@ -511,6 +553,7 @@ int main(void)
     cmocka_unit_test(test_turn_running_at_sigkill_is_marked_interrupted),
     cmocka_unit_test(test_restart_keeps_every_conversation_history_and_state),
     cmocka_unit_test(test_message_id_is_answered_from_the_store),
+    cmocka_unit_test(test_a_second_host_on_the_same_sqlite_file_is_refused),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

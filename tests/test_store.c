@@ -24,6 +24,7 @@
 #include <libpq-fe.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "pgtest.h"
 #include "store/store.h"
@@ -1464,6 +1465,54 @@ static void test_sqlite_corrupt_or_foreign_file_is_refused(void **state)
   berth_error_free(e);
 }
 
+/* What berth_store_claim promises (store.h): one host alone on a SQLite file.  A
+ * second claim fails, from another handle of this process or from another process,
+ * while the first handle is open, and says why; the file stays readable meanwhile;
+ * once the first handle closed, a claim succeeds again. */
+static int claim_in_child(const char *url)
+{
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    berth_store *s = NULL;
+    berth_error *e = berth_store_open(NULL, url, &s);
+    if (!e)
+      e = berth_store_claim(s);
+    int code = !e ? 0 : !strcmp(e->code, "unavailable") ? 3 : 4;
+    _exit(code);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+static void test_sqlite_a_second_host_cannot_claim_the_file(void **state)
+{
+  fixture *f = *state;
+  no_error(berth_store_claim(f->s));
+  no_error(berth_store_claim(f->s));            /* again on the same handle */
+  struct ev_loop *loop2;
+  berth_store *other = second_handle(f, &loop2);
+  berth_error *e = berth_store_claim(other);
+  assert_non_null(e);
+  assert_string_equal(e->code, "unavailable");
+  assert_non_null(strstr(e->message, "in use by another berth"));
+  assert_non_null(strstr(e->message, f->path));
+  berth_error_free(e);
+  assert_int_equal(claim_in_child(f->url), 3);
+  berth_store_conv got;                          /* the claim is no lock on reading */
+  bool found;
+  no_error(berth_store_get_conv(other, "nobody", &got, &found));
+  assert_false(found);
+  close_second(f, other, loop2);
+  berth_store_free(f->s);
+  f->s = NULL;
+  assert_int_equal(claim_in_child(f->url), 0);
+  no_error(berth_store_open(f->loop, f->url, &f->s));
+  no_error(berth_store_claim(f->s));
+}
+
 static void test_bad_urls_are_refused(void **state)
 {
   (void)state;
@@ -2036,6 +2085,7 @@ int main(void)
     LITE(test_sqlite_batches_are_applied_off_the_loop),
     LITE(test_sqlite_newer_schema_is_refused_untouched),
     LITE(test_sqlite_corrupt_or_foreign_file_is_refused),
+    LITE(test_sqlite_a_second_host_cannot_claim_the_file),
     cmocka_unit_test(test_bad_urls_are_refused),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -421,6 +421,11 @@ void berth_model_free(berth_model *m);
  * berth is refused (code "version"), a file that is not a berth store too
  * ("data_loss").  Free it after the hosts that use it. */
 berth_error *berth_store_open(struct ev_loop *loop, const char *url, berth_store **out);
+/* A process that is the only host on its store claims it once opened: while this
+ * handle is open, a second claim of the same SQLite file, in this process or another,
+ * fails ("unavailable"), so two hosts never write over each other's conversations
+ * (`berth serve` and `berth chat` claim theirs).  Nothing to claim in "memory". */
+berth_error *berth_store_claim(berth_store *s);
 void berth_store_free(berth_store *s);
 
 /* ---------------------------------------------------------------- files */

@@ -1180,6 +1180,8 @@ static int cmd_chat(int argc, char **argv)
   ho.log_ud = &c;
   if (o.store) {
     berth_error *se = berth_store_open(loop, o.store, &store);
+    if (!se)
+      se = berth_store_claim(store);   /* (alone on it: two chats would lose turns) */
     if (se) {
       fprintf(stderr, "berth chat: %s\n", se->message);
       berth_error_free(se);

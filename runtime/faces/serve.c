@@ -2887,7 +2887,9 @@ int berth_cmd_serve(int argc, char **argv)
      * A host alone on its store marks every turn its predecessor left. */
     s->leases = !strcmp(berth_store_engine_name(s->store), "postgresql");
     size_t marked = 0;
-    se = s->leases ? NULL : berth_store_mark_interrupted(s->store, &marked);
+    se = s->leases ? NULL : berth_store_claim(s->store);
+    if (!se && !s->leases)
+      se = berth_store_mark_interrupted(s->store, &marked);
     if (se) {
       slog(s, "%s", se->message);
       berth_error_free(se);

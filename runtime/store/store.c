@@ -805,6 +805,11 @@ static berth_error *interrupt_turn(berth_store *s, berth_store_conv *r)
   return NULL;
 }
 
+berth_error *berth_store_claim(berth_store *s)
+{
+  return s->vt->claim ? s->vt->claim(s) : NULL;
+}
+
 berth_error *berth_store_mark_interrupted(berth_store *s, size_t *n)
 {
   *n = 0;

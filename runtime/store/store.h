@@ -215,6 +215,16 @@ berth_error *berth_store_find_message(berth_store *s, const char *id,
 
 /* {====================================================== recovery */
 
+/* For a host alone on its store (one that takes no leases), before it reads or marks
+ * anything: from now until berth_store_free no other handle, of this process or
+ * another, can claim the same store; a second claim fails ("unavailable", saying
+ * so).  Two hosts alone on one store would each mark the other's running turns
+ * interrupted and write over each other's conversations.  Claiming again on the same
+ * handle succeeds.  SQLite: an exclusive flock on the file, which SQLite's own locks
+ * and a `sqlite3` reading the file do not see; memory: one process's own, nothing to
+ * claim; PostgreSQL: its hosts share it through leases, nothing to claim. */
+berth_error *berth_store_claim(berth_store *s);
+
 /* For one host alone on its store, at start: every conversation with a turn running
  * (its host died in it) gets, for that turn, an "error" event {code "interrupted",
  * message} and a "turn_end" event {turn, ok false, interrupted true}, status

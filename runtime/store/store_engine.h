@@ -85,6 +85,8 @@ typedef struct berth_store_vtable {
    * thousand turns run while the server waits, their writes go in one batch, and the
    * turns wait while it applies them).  0: at the iteration's end only. */
   size_t eager_ops;
+  /* berth_store_claim (store.h).  NULL: there is nothing to claim. */
+  berth_error *(*claim)(berth_store *s);
 } berth_store_vtable;
 
 struct berth_store {

@@ -29,10 +29,14 @@
 #include "xalloc.h"
 #include "embed.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 /* migrations[v]: from version v to v + 1 (0: an empty file to the first schema). */
 static const char *const migrations[BERTH_STORE_SCHEMA] = {
@@ -151,6 +155,7 @@ typedef struct lite {
   sqlite3_stmt *st[S_COUNT];
   lite_ckpt *ckpt;               /* NULL: SQLite's automatic checkpoints */
   lite_writer *writer;           /* NULL (no loop, or no thread): apply on the caller's */
+  int lock_fd;                   /* the file, flock()ed while this store is open; or -1 */
 } lite;
 
 static berth_error *lite_write(void *ud, lite_job *jobs);
@@ -193,6 +198,8 @@ static void lite_close(berth_store *s)
   for (int i = 0; i < S_COUNT; i++)
     sqlite3_finalize(l->st[i]);
   sqlite3_close(l->db);
+  if (l->lock_fd >= 0)
+    close(l->lock_fd);          /* (releases the flock) */
   free(l->path);
   free(l);
   s->engine = NULL;
@@ -278,9 +285,38 @@ static berth_error *migrate(lite *l)
   return NULL;
 }
 
+/* berth_store_claim: an exclusive flock on the file, held until the store closes.
+ * flock and SQLite's own fcntl locks do not see each other, so neither SQLite nor a
+ * `sqlite3` reading the file is held back; the descriptor is close-on-exec, so no
+ * child keeps the lock. */
+static berth_error *lite_claim(berth_store *s)
+{
+  lite *l = s->engine;
+  const char *file = sqlite3_db_filename(l->db, "main");
+  if (l->lock_fd >= 0 || !file || !*file)  /* (claimed; ":memory:" has no file) */
+    return NULL;
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return berth_error_new("unavailable", "cannot open the store %s to lock it: %s", l->path,
+                           strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    l->lock_fd = fd;
+    return NULL;
+  }
+  int err = errno;
+  close(fd);
+  if (err == EWOULDBLOCK)
+    return berth_error_new("unavailable", "the store %s is in use by another berth: one host "
+                                          "to a SQLite file (PostgreSQL is for many hosts)",
+                           l->path);
+  return berth_error_new("unavailable", "cannot lock the store %s: %s", l->path,
+                         strerror(err));
+}
+
 static berth_error *lite_open(berth_store *s, const char *path)
 {
   lite *l = berth_xcalloc(1, sizeof *l);
+  l->lock_fd = -1;
   l->path = berth_xstrdup(path);
   s->engine = l;
   int rc = sqlite3_open_v2(path, &l->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
@@ -294,7 +330,7 @@ static berth_error *lite_open(berth_store *s, const char *path)
   /* How long a write waits for another process's lock: it holds the loop meanwhile,
    * so briefly.  One berth per file is the rule; this covers `sqlite3` reading it. */
   sqlite3_busy_timeout(l->db, 1000);
-  rc = exec(l, "PRAGMA journal_mode = WAL");
+  rc = exec(l, "PRAGMA journal_mode = WAL");   /* (the file exists from here on) */
   if (rc != SQLITE_OK) {
     e = lite_error(l, rc, "setting WAL mode");
     goto fail;
@@ -738,5 +774,5 @@ static void lite_stats(const berth_store *s, berth_store_stats *out)
 const berth_store_vtable berth_store_sqlite = {
   "sqlite", lite_open, lite_close, lite_apply, lite_get_conv, lite_list_convs,
   lite_load_messages, lite_read_events, lite_find_message, lite_list_running,
-  lite_settle, lite_stats, LITE_EAGER_OPS,
+  lite_settle, lite_stats, LITE_EAGER_OPS, lite_claim,
 };
