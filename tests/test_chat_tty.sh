@@ -3,8 +3,8 @@
 # line editing with the arrow keys and a history file, the spinner while a cell runs,
 # Ctrl-C cancelling the running turn back to the prompt while the local sandboxd (in
 # its own process group) lives on, Ctrl-C at the prompt exiting 130, Ctrl-D exiting 0,
-# and --approve asking before a cell.  Prints cmocka-style summary lines for
-# tests/run.sh.
+# --approve asking before a cell, and SIGTERM giving the terminal back.  Prints
+# cmocka-style summary lines for tests/run.sh.
 set -u
 BUILD=${BUILD:-build}
 B="$(pwd)/$BUILD/berth"
@@ -130,8 +130,29 @@ test_approve_asks_before_the_cell() {
     [ "$rc" -eq 0 ] || { echo "exit $rc"; return 1; }
 }
 
+# SIGTERM at the prompt: the conversation ends as at end of input, the terminal is
+# given back in the modes it had (readline's raw mode undone), the status is 143.
+test_sigterm_gives_the_terminal_back() {
+    old=$t; t="t-term"
+    T new-session -d -s "$t" -x 120 -y 40 \
+        "stty -a > '$work/stty.before'; BERTH_HISTORY= '$B' chat --provider echo --model 'scripted:$work/quick.lua'; echo \$? > '$work/term.rc'; stty -a > '$work/stty.after'; sleep 600"
+    [ -z "$old" ] || T kill-session -t "$old" 2>/dev/null
+    shell_pid=$(T display-message -p -t "$t" '#{pane_pid}')
+    wait_for "you>" || return 1
+    berth_pid=$(pgrep -P "$shell_pid" -x berth)
+    [ -n "$berth_pid" ] || { echo "no berth under the pane's shell"; return 1; }
+    kill -TERM "$berth_pid"
+    rc=$(wait_rc term) || return 1
+    [ "$rc" -eq 143 ] || { echo "exit $rc, not 143"; return 1; }
+    i=0
+    while [ ! -s "$work/stty.after" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    cmp -s "$work/stty.before" "$work/stty.after" || {
+        echo "the terminal's modes changed:"; diff "$work/stty.before" "$work/stty.after"; return 1; }
+}
+
 only arrow_keys_edit_the_line_and_history_is_kept && run arrow_keys_edit_the_line_and_history_is_kept
 only ctrl_c_cancels_the_running_turn_and_the_sandboxd_lives_on && run ctrl_c_cancels_the_running_turn_and_the_sandboxd_lives_on
 only approve_asks_before_the_cell && run approve_asks_before_the_cell
+only sigterm_gives_the_terminal_back && run sigterm_gives_the_terminal_back
 
 finish

@@ -2,7 +2,8 @@
 # test_demo.sh — berth's faces end to end with the make-built binaries: the demo
 # (scripts/demo.sh: sandboxd + berth replay of scripts/demo_conversation.lua), replay
 # with its own daemon, replay failing on a broken expectation and on a failing hook,
-# berth chat on piped input, berth lua (and busted specs through it), the stock-Lua
+# berth chat on piped input, berth lua (and busted specs through it), how each of them
+# ends (idle steps, --time-limit, signals, os.exit: sandboxes disposed), the stock-Lua
 # module, --help and --version.  Prints cmocka-style summary lines for tests/run.sh.
 set -u
 BUILD=${BUILD:-build}
@@ -267,6 +268,145 @@ test_busted_specs_through_berth_lua() {
     [ $rc -eq 0 ] && grep -q ' 0 failures' "$work/busted.out"
 }
 
+# wait_for FILE TEXT: until FILE holds TEXT (20 s at most): the point a signal is sent.
+wait_for() {
+    i=0
+    while ! grep -qF -- "$2" "$1" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -le 400 ] || { echo "never saw \"$2\" in $1"; cat "$1"; return 1; }
+        sleep 0.05
+    done
+}
+
+# closes_match LOG: every session the daemon opened was closed by its owner.
+closes_match() {
+    o=$(grep -c ' opened for caller' "$1")
+    c=$(grep -c 'ended: closed (closed by its owner)' "$1")
+    [ "$o" -ge 1 ] && [ "$o" -eq "$c" ] || { echo "$o sessions opened, $c closed"; cat "$1"; return 1; }
+}
+
+# No idle step leaves a replay waiting for nothing and exiting 0 halfway (the README's
+# own example has { idle = true } then { idle = "wait" }).
+test_replay_idle_steps_never_stall() {
+    cat > "$work/i1.lua" <<'LUA'
+return { turns = {
+  { user = "one", replies = { { call = { code = "x = 1" } }, { say = "ok" } } },
+  { idle = true }, { idle = "wait" },
+  { user = "two", replies = { { say = "second answer" } } } } }
+LUA
+    "$B" replay "$work/i1.lua" > "$work/i1.out" 2>&1 || { cat "$work/i1.out"; return 1; }
+    has "$work/i1.out" "-- idle: the conversation is suspended already --" &&
+    has "$work/i1.out" "assistant> second answer" &&
+    has "$work/i1.out" "replay: 2 turns, 0 checks, 0 failed, 0 hook errors" || return 1
+    cat > "$work/i2.lua" <<'LUA'
+return { turns = { { idle = "wait" }, { user = "two", replies = { { say = "x" } } } } }
+LUA
+    "$B" replay "$work/i2.lua" > "$work/i2.out" 2>&1
+    [ $? -eq 1 ] || { cat "$work/i2.out"; echo "a wait before any turn: not exit 1"; return 1; }
+    has "$work/i2.out" "step 1 of 2: it waits for the idle timeout before any turn" &&
+    has "$work/i2.out" "stopped before the script's end" || return 1
+    cat > "$work/i3.lua" <<'LUA'
+return { idleTimeout = 0, turns = { { user = "one", replies = { { say = "ok" } } },
+  { idle = "wait" }, { user = "two", replies = { { say = "x" } } } } }
+LUA
+    "$B" replay "$work/i3.lua" > "$work/i3.out" 2>&1
+    [ $? -eq 1 ] && has "$work/i3.out" "step 2 of 3: it waits for the idle timeout, and there is none" || return 1
+    "$B" replay --idle-timeout 0 "$work/i1.lua" > "$work/i4.out" 2>&1
+    [ $? -eq 0 ] && has "$work/i4.out" "idle timeout 0 s" || { cat "$work/i4.out"; return 1; }
+    sed 's/idleTimeout = 0/idleTimeout = -1/' "$work/i3.lua" > "$work/i5.lua"
+    "$B" replay "$work/i5.lua" > "$work/i5.out" 2>&1
+    [ $? -eq 2 ] && has "$work/i5.out" "idleTimeout must be seconds >= 0"
+}
+
+# --time-limit and SIGTERM end a replay with its sandboxes disposed and the local
+# daemon's token file gone; the same for berth lua's os.exit and SIGINT.
+test_replay_and_lua_dispose_their_sandboxes_however_they_end() {
+    echo "token-for-the-ends" > "$work/ends.tok"
+    start_sandboxd ends --provider echo --token-file "$work/ends.tok" || return 1
+    cat > "$work/slow.lua" <<'LUA'
+return { turns = { { user = "one", replies = { { call = { code = "plimsoll-echo:sleep:3000" } }, { say = "ok" } } } } }
+LUA
+    "$B" replay --time-limit 1 --daemon "$url" --daemon-token-file "$work/ends.tok" \
+        "$work/slow.lua" > "$work/tl.out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] && has "$work/tl.out" "gave up after 1 s (--time-limit)" &&
+    has "$work/tl.out" ", timed out" || { echo "exit $rc"; cat "$work/tl.out"; return 1; }
+    closes_match "$work/ends.log" || return 1
+    cat > "$work/exit.lua" <<'LUA'
+assert(sandbox.executeCode{code = "print(1)", runId = "r"})
+print("before")
+os.exit(3, true)
+print("after")
+LUA
+    "$B" lua --daemon "$url" --daemon-token-file "$work/ends.tok" "$work/exit.lua" > "$work/ex.out" 2>&1
+    rc=$?
+    [ $rc -eq 3 ] && has "$work/ex.out" "before" || { echo "exit $rc"; cat "$work/ex.out"; return 1; }
+    ! grep -q after "$work/ex.out" || { echo "os.exit returned"; return 1; }
+    closes_match "$work/ends.log" || return 1
+    kill "$pid"
+    mkdir "$work/tmp"
+    TMPDIR="$work/tmp" "$B" replay "$work/slow.lua" > "$work/sig.out" 2>&1 &
+    bp=$!
+    wait_for "$work/sig.out" "tool> executeCode" || return 1
+    kill -TERM $bp
+    wait $bp
+    rc=$?
+    [ $rc -eq 143 ] && has "$work/sig.out" "stopped by a signal" || { echo "exit $rc"; cat "$work/sig.out"; return 1; }
+    cat > "$work/wait.lua" <<'LUA'
+assert(sandbox.executeCode{code = "print(1)", runId = "r"})
+print("waiting") io.stdout:flush()
+sleep(30)
+LUA
+    TMPDIR="$work/tmp" "$B" lua --provider echo "$work/wait.lua" > "$work/lsig.out" 2>&1 &
+    bp=$!
+    wait_for "$work/lsig.out" "waiting" || return 1
+    kill -INT $bp
+    wait $bp
+    rc=$?
+    [ $rc -eq 130 ] || { echo "berth lua after SIGINT: exit $rc"; return 1; }
+    left=$(ls "$work/tmp")
+    [ -z "$left" ] || { echo "left behind: $left"; return 1; }
+}
+
+# A closed standard input is the end of input; a line is one message whatever its
+# length up to 1 MiB, and a longer one is refused whole; SIGTERM ends the chat as end
+# of input does (status 143).
+test_chat_input_ends_and_long_lines() {
+    printf 'return { loop = true, turns = { { user = "*", replies = { { say = "hi" } } } } }\n' > "$work/hi.lua"
+    "$B" chat --provider echo --model "scripted:$work/hi.lua" 0<&- > "$work/closed.out" 2>&1
+    [ $? -eq 0 ] && has "$work/closed.out" "the conversation completed" || { cat "$work/closed.out"; return 1; }
+    python3 -c "print('a' * 70000); print('b' * 5)" |
+        "$B" chat --provider echo --model "scripted:$work/hi.lua" > "$work/long.out" 2>&1
+    [ "$(awk '/^user>/ { print length($0) - 6 }' "$work/long.out" | tr '\n' ' ')" = "70000 5 " ] ||
+        { echo "not two messages of 70000 and 5 bytes"; return 1; }
+    python3 -c "print('a' * 1100000); print('short')" |
+        "$B" chat --provider echo --model "scripted:$work/hi.lua" > "$work/over.out" 2>&1
+    has "$work/over.out" "a line of more than 1048576 bytes was not sent" &&
+    [ "$(grep -c '^user>' "$work/over.out")" -eq 1 ] && has "$work/over.out" "user> short" || return 1
+    mkfifo "$work/in"
+    "$B" chat --provider echo --model "scripted:$work/hi.lua" < "$work/in" > "$work/term.out" 2>&1 &
+    bp=$!
+    exec 7> "$work/in"
+    echo "hello" >&7
+    wait_for "$work/term.out" "assistant> hi" || { exec 7>&-; return 1; }
+    kill -TERM $bp
+    wait $bp
+    rc=$?
+    exec 7>&-
+    [ $rc -eq 143 ] && has "$work/term.out" "the conversation completed" || { echo "exit $rc"; cat "$work/term.out"; return 1; }
+}
+
+# A token file's first line is the token, however long.
+test_token_file_of_a_long_token() {
+    python3 -c "print('T' * 1500)" > "$work/long.tok"
+    start_sandboxd longtok --provider echo --token-file "$work/long.tok" || return 1
+    "$B" replay --daemon "$url" --daemon-token-file "$work/long.tok" scripts/demo_conversation.lua \
+        > "$work/lt.out" 2>&1
+    rc=$?
+    kill "$pid"
+    [ $rc -eq 0 ] || { cat "$work/lt.out"; return 1; }
+}
+
 test_stock_lua_module() {
     [ -f "$BUILD/lua/plimsoll.so" ] || { echo "$BUILD/lua/plimsoll.so not built"; return 1; }
     command -v lua5.4 > /dev/null || { echo "lua5.4 is not installed (make deps)"; return 1; }
@@ -305,5 +445,9 @@ run lua_runs_files_with_berth_modules
 run lua_with_a_local_daemon
 run busted_specs_through_berth_lua
 run stock_lua_module
+run replay_idle_steps_never_stall
+run replay_and_lua_dispose_their_sandboxes_however_they_end
+run chat_input_ends_and_long_lines
+run token_file_of_a_long_token
 
 finish

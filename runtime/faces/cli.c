@@ -15,6 +15,7 @@
 #include "store/store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,6 +30,9 @@
 #define REPLAY_IDLE_TIMEOUT 3.0
 #define REPLAY_TIME_LIMIT 600.0
 #define CALL_TIMEOUT_MS 30000   /* per executeCode call, as the example agent (H16) */
+/* After --time-limit or a signal, how long the sandboxes' disposal may take before
+ * the command stops anyway. */
+#define DISPOSE_LIMIT 10.0
 
 static const char usage_text[] =
   "usage: berth COMMAND [options]\n"
@@ -63,8 +67,8 @@ static const char replay_usage[] =
   "                           echo); also selects the script's provider expectations\n"
   "                           (by default the provider a daemon's Describe names)\n"
   "  --hooks FILE             the hooks (default: the shipped code_chat.lua)\n"
-  "  --idle-timeout SECONDS   idle time before a conversation suspends (default: the\n"
-  "                           script's idleTimeout, else 3)\n"
+  "  --idle-timeout SECONDS   idle time before a conversation suspends, 0 never (default:\n"
+  "                           the script's idleTimeout, else 3)\n"
   "  --minimum-isolation TIER the floor: process, container, kernel or vm (default\n"
   "                           container for a daemon over http on this machine, kernel\n"
   "                           for one over https)\n"
@@ -94,7 +98,8 @@ static const char chat_usage[] =
   "  --provider NAME          its provider (default $BERTH_PROVIDER, else auto: the\n"
   "                           strongest that passes its smoke test here, gvisor then\n"
   "                           bwrap; echo runs no code, and says so on every result)\n"
-  "  --idle-timeout SECONDS   idle time before the conversation suspends (default 30)\n"
+  "  --idle-timeout SECONDS   idle time before the conversation suspends, 0 never\n"
+  "                           (default 30)\n"
   "  --store URL              keep the conversation (sqlite:PATH): its id is printed at\n"
   "                           start, and /quit or end of input suspends it instead of\n"
   "                           completing it, so that it can be continued\n"
@@ -124,6 +129,7 @@ static const char lua_usage[] =
 typedef struct opts {
   const char *daemon_url, *token_file, *sandboxd, *provider, *hooks, *model, *min_iso;
   double idle, time_limit;
+  bool idle_set;                /* --idle-timeout given (0: never) */
   bool verbose, start_local, approve;
   const char *store, *resume;   /* berth chat --store URL [--resume ID] */
 } opts;
@@ -206,6 +212,7 @@ static int parse_opts(int argc, char **argv, const char *usage, const char *allo
           fprintf(stderr, "berth %s: --idle-timeout needs seconds >= 0\n", argv[0]);
           return 2;
         }
+        o->idle_set = true;
         break;
       case O_TIME_LIMIT:
         if (!parse_seconds(optarg, &o->time_limit) || o->time_limit == 0) {
@@ -231,9 +238,10 @@ static char *read_token(const char *path)
     fprintf(stderr, "berth: cannot read the token file %s: %s\n", path, strerror(errno));
     return NULL;
   }
-  char line[1024];
+  char *line = NULL;            /* (a line of any length: a token may be long) */
+  size_t cap = 0;
   char *tok = NULL;
-  while (fgets(line, sizeof line, f)) {
+  while (getline(&line, &cap, f) >= 0) {
     char *s = line;
     while (*s == ' ' || *s == '\t')
       s++;
@@ -246,6 +254,7 @@ static char *read_token(const char *path)
       break;
     }
   }
+  free(line);
   fclose(f);
   if (!tok)
     fprintf(stderr, "berth: the token file %s holds no token\n", path);
@@ -334,7 +343,10 @@ typedef struct replay {
   bool want_suspend;
   berth_transcript tr;
   ev_timer limit;
-  bool timed_out;
+  ev_signal sigint, sigterm;
+  bool completed;               /* the script's end was reached and the host shut down */
+  bool timed_out, stopped;      /* --time-limit; a step that cannot be played */
+  int signal;                   /* the signal that stopped it, or 0 */
 } replay;
 
 static void replay_step(replay *r);
@@ -349,6 +361,18 @@ static void replay_completed(void *ud, berth_conv *c)
 {
   (void)c;
   replay *r = ud;
+  r->completed = true;
+  berth_host_shutdown(r->h, replay_shut, r);
+}
+
+/* Ends the run before the script's end: the sandboxes are disposed (running turns
+ * cancelled at once), within DISPOSE_LIMIT; the limit's timer then stops the loop
+ * however far the disposal got. */
+static void replay_abandon(replay *r)
+{
+  ev_timer_stop(r->loop, &r->limit);
+  ev_timer_set(&r->limit, DISPOSE_LIMIT, 0.);
+  ev_timer_start(r->loop, &r->limit);
   berth_host_shutdown(r->h, replay_shut, r);
 }
 
@@ -357,6 +381,8 @@ static void replay_event(void *ud, berth_conv *c, const char *kind, const json_t
   (void)c;
   replay *r = ud;
   berth_transcript_event(&r->tr, kind, data);
+  if (r->stopped || r->timed_out || r->signal)
+    return;
   if (strcmp(kind, "turnEnd") == 0)
     replay_step(r);
   else if (strcmp(kind, "suspend") == 0 && r->want_suspend) {
@@ -371,6 +397,15 @@ static void replay_check(void *ud, bool ok, const char *what)
   berth_transcript_check(&r->tr, ok, what);
 }
 
+/* A step the script cannot go on from: said, and the run ends (status 1). */
+static void replay_cannot(replay *r, const char *why)
+{
+  fprintf(stderr, "berth replay: step %zu of %zu: %s\n", r->next,
+          json_array_size(r->turns), why);
+  r->stopped = true;
+  replay_abandon(r);
+}
+
 static void replay_step(replay *r)
 {
   if (r->next >= json_array_size(r->turns)) {
@@ -381,9 +416,24 @@ static void replay_step(replay *r)
   const json_t *turn = json_array_get(r->turns, r->next++);
   const json_t *idle = json_object_get(turn, "idle");
   if (idle) {
-    fprintf(r->tr.out, "== idle%s ==\n", json_is_true(idle) ? "" : " (waiting for the idle timeout)");
+    bool wait = !json_is_true(idle);
+    fprintf(r->tr.out, "== idle%s ==\n", wait ? " (waiting for the idle timeout)" : "");
+    if (berth_conv_suspended(r->conv)) {   /* nothing to suspend, no timer to wait for */
+      fputs("-- idle: the conversation is suspended already --\n", r->tr.out);
+      replay_step(r);
+      return;
+    }
+    if (wait && r->o->idle <= 0) {
+      replay_cannot(r, "it waits for the idle timeout, and there is none (idle timeout 0)");
+      return;
+    }
+    if (wait && !r->turns_played) {
+      replay_cannot(r, "it waits for the idle timeout before any turn, and the idle timer "
+                       "starts when a turn ends");
+      return;
+    }
     r->want_suspend = true;
-    if (json_is_true(idle))
+    if (!wait)
       berth_conv_suspend(r->conv);
     return;
   }
@@ -395,9 +445,27 @@ static void replay_limit(struct ev_loop *loop, ev_timer *w, int revents)
 {
   (void)revents;
   replay *r = w->data;
+  if (r->timed_out || r->stopped || r->signal) {   /* the disposal's own limit */
+    ev_break(loop, EVBREAK_ALL);
+    return;
+  }
   fprintf(stderr, "berth replay: gave up after %.0f s (--time-limit)\n", r->o->time_limit);
   r->timed_out = true;
-  ev_break(loop, EVBREAK_ALL);
+  replay_abandon(r);
+}
+
+static void replay_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)revents;
+  replay *r = w->data;
+  if (r->signal || r->stopped || r->timed_out) {  /* a second one: stop now */
+    ev_break(loop, EVBREAK_ALL);
+    return;
+  }
+  r->signal = w->signum;
+  fprintf(stderr, "berth replay: %s: disposing of the sandboxes and stopping\n",
+          strsignal(w->signum));
+  replay_abandon(r);
 }
 
 static int cmd_replay(int argc, char **argv)
@@ -432,9 +500,15 @@ static int cmd_replay(int argc, char **argv)
     json_decref(script);
     return 2;
   }
-  if (!o.idle) {
+  if (!o.idle_set) {
     const json_t *it = json_object_get(script, "idleTimeout");
-    o.idle = json_is_number(it) ? json_number_value(it) : REPLAY_IDLE_TIMEOUT;
+    if (it && !(json_is_number(it) && json_number_value(it) >= 0)) {
+      fprintf(stderr, "berth replay: %s: idleTimeout must be seconds >= 0 (0: never)\n", file);
+      json_decref(script);
+      free(scripts);
+      return 2;
+    }
+    o.idle = it ? json_number_value(it) : REPLAY_IDLE_TIMEOUT;
   }
 
   struct ev_loop *loop = ev_default_loop(0);
@@ -458,7 +532,8 @@ static int cmd_replay(int argc, char **argv)
   ho.loop = loop;
   ho.hooks_file = hooks;
   ho.lib_dir = scripts;
-  ho.idle_timeout = o.idle;
+  ho.idle_timeout = o.idle;     /* (0: never) */
+  ho.shutdown_grace = -1;       /* a shutdown before the end cancels at once */
   ho.daemon_url = c.url;
   ho.daemon_token = c.token;
   ho.minimum_isolation = o.min_iso ? o.min_iso : berth_default_floor(ho.daemon_url);
@@ -494,18 +569,37 @@ static int cmd_replay(int argc, char **argv)
   r.limit.data = &r;
   ev_timer_start(loop, &r.limit);
   ev_unref(loop);               /* the limit alone keeps nothing alive */
+  ev_signal_init(&r.sigint, replay_signal, SIGINT);
+  r.sigint.data = &r;
+  ev_signal_start(loop, &r.sigint);
+  ev_unref(loop);
+  ev_signal_init(&r.sigterm, replay_signal, SIGTERM);
+  r.sigterm.data = &r;
+  ev_signal_start(loop, &r.sigterm);
+  ev_unref(loop);
   replay_step(&r);
   ev_run(loop, 0);
-  ev_ref(loop);
+  for (int i = 0; i < 3; i++)
+    ev_ref(loop);
   ev_timer_stop(loop, &r.limit);
+  ev_signal_stop(loop, &r.sigint);
+  ev_signal_stop(loop, &r.sigterm);
+  if (!r.completed && !r.timed_out && !r.stopped && !r.signal) {
+    /* The loop ran out of work before the script's end: say so, never exit 0. */
+    fprintf(stderr, "berth replay: stopped at step %zu of %zu with nothing left to wait "
+                    "for\n", r.next, json_array_size(r.turns));
+    r.stopped = true;
+  }
 
   unsigned checked, failed;
   berth_scripted_finish(r.model, &checked, &failed);
   unsigned errors = berth_host_errors(r.h);
   printf("\nreplay: %u turn%s, %u check%s, %u failed, %u hook error%s%s\n", r.turns_played,
          r.turns_played == 1 ? "" : "s", checked, checked == 1 ? "" : "s", failed, errors,
-         errors == 1 ? "" : "s", r.timed_out ? ", timed out" : "");
-  status = failed || errors || r.timed_out ? 1 : 0;
+         errors == 1 ? "" : "s", r.timed_out ? ", timed out"
+                                 : r.signal ? ", stopped by a signal"
+                                 : r.stopped ? ", stopped before the script's end" : "");
+  status = r.signal ? 128 + r.signal : failed || errors || r.timed_out || r.stopped ? 1 : 0;
 out:
   if (r.conv)
     berth_conv_free(r.conv);
@@ -533,6 +627,7 @@ out:
  */
 
 #define SPIN_INTERVAL 0.1
+#define CHAT_LINE_MAX (1024 * 1024)   /* a message from a pipe, as serve's default body */
 #define HISTORY_LINES 1000
 
 typedef struct ask_op ask_op;
@@ -544,15 +639,17 @@ typedef struct chat {
   berth_conv *conv;
   berth_transcript tr;
   ev_io in;
-  ev_signal sigint, sighup;
+  ev_signal sigint, sighup, sigterm;
   ev_timer spin;
-  char buf[65536];              /* a pipe's input not taken yet */
-  size_t len;
+  char *buf;                    /* a pipe's input not taken yet (grows to a line) */
+  size_t len, cap;
+  bool skipping;                /* in a line over CHAT_LINE_MAX: dropped to its end */
   bool tty;                     /* standard input is a terminal: readline */
   bool spinner;                 /* standard output is a terminal */
   bool rl_on;                   /* readline's line handler is installed */
   bool eof;                     /* a pipe ended */
   bool ending, interrupted;
+  int terminated;               /* SIGTERM: exit 128 + it, once the conversation ended */
   bool pumping;                 /* chat_pump_pipe's loop runs (it listens after) */
   unsigned sent, ended;         /* messages sent, turns ended */
   ask_op *asking;               /* an approval waiting for the person's answer */
@@ -686,9 +783,23 @@ static void chat_pump_pipe(chat *c)
     bool want = !c->ending && (c->asking || !chat_turn_running(c));
     if (!want)
       break;
-    char *nl = memchr(c->buf, '\n', c->len);
-    if (!nl && c->len == sizeof c->buf - 1)
-      nl = c->buf + c->len;    /* a line longer than the buffer: taken as it is */
+    char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
+    if (c->skipping) {          /* the rest of a line too long to send */
+      size_t drop = nl ? (size_t)(nl - c->buf) + 1 : c->len;
+      memmove(c->buf, c->buf + drop, c->len - drop);
+      c->len -= drop;
+      c->skipping = !nl;
+      if (c->skipping && !c->eof)
+        break;
+      c->skipping = false;
+      continue;
+    }
+    if (!nl && c->len >= CHAT_LINE_MAX) {
+      fprintf(stderr, "berth chat: a line of more than %d bytes was not sent\n",
+              CHAT_LINE_MAX);
+      c->skipping = true;
+      continue;
+    }
     if (!nl && c->eof && c->len)
       nl = c->buf + c->len;    /* the last line, without its newline */
     if (!nl) {
@@ -697,7 +808,7 @@ static void chat_pump_pipe(chat *c)
       break;
     }
     size_t n = (size_t)(nl - c->buf);
-    char line[sizeof c->buf];
+    char *line = berth_xmalloc(n + 1);
     memcpy(line, c->buf, n);
     line[n] = '\0';
     if (n && line[n - 1] == '\r')
@@ -706,6 +817,7 @@ static void chat_pump_pipe(chat *c)
     memmove(c->buf, c->buf + used, c->len - used);
     c->len -= used;
     chat_take_line(c, line);
+    free(line);
   }
   c->pumping = false;
   bool want = !c->ending && (c->asking || !chat_turn_running(c));
@@ -728,7 +840,11 @@ static void chat_input(struct ev_loop *loop, ev_io *w, int revents)
     rl_callback_read_char();
     return;
   }
-  ssize_t n = read(STDIN_FILENO, c->buf + c->len, sizeof c->buf - 1 - c->len);
+  if (c->cap - c->len < 65536) {   /* room for a read; a line may grow to the limit */
+    c->cap = c->cap ? c->cap * 2 : 65536;
+    c->buf = berth_xrealloc(c->buf, c->cap);
+  }
+  ssize_t n = read(STDIN_FILENO, c->buf + c->len, c->cap - c->len);
   if (n < 0 && (errno == EINTR || errno == EAGAIN))
     return;
   if (n <= 0)
@@ -1037,6 +1153,26 @@ static void chat_sigint(struct ev_loop *loop, ev_signal *w, int revents)
   chat_end(c);
 }
 
+/* SIGTERM: as end of input, the running turn cancelled first (the terminal is given
+ * back as it was, the conversation kept or completed); a second one stops at once. */
+static void chat_sigterm(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)loop;
+  (void)revents;
+  chat *c = w->data;
+  if (c->terminated || c->ending) {
+    c->terminated = w->signum;
+    ev_break(c->loop, EVBREAK_ALL);
+    return;
+  }
+  c->terminated = w->signum;
+  if (chat_turn_running(c))
+    berth_conv_cancel_turn(c->conv, "berth chat was asked to stop (SIGTERM)");
+  if (c->asking)
+    chat_answer(c, NULL);
+  chat_end(c);
+}
+
 static void chat_sighup(struct ev_loop *loop, ev_signal *w, int revents)
 {
   (void)loop;
@@ -1223,12 +1359,18 @@ static int cmd_chat(int argc, char **argv)
   c.sighup.data = &c;
   ev_signal_start(loop, &c.sighup);
   ev_unref(loop);               /* reloading alone keeps nothing alive */
+  ev_signal_init(&c.sigterm, chat_sigterm, SIGTERM);
+  c.sigterm.data = &c;
+  ev_signal_start(loop, &c.sigterm);
+  ev_unref(loop);
   chat_listen(&c);
   ev_run(loop, 0);
   ev_ref(loop);
   ev_signal_stop(loop, &c.sigint);
   ev_ref(loop);
   ev_signal_stop(loop, &c.sighup);
+  ev_ref(loop);
+  ev_signal_stop(loop, &c.sigterm);
   ev_io_stop(loop, &c.in);
   ev_timer_stop(loop, &c.spin);
   spin_clear(&c);
@@ -1236,7 +1378,8 @@ static int cmd_chat(int argc, char **argv)
     rl_callback_handler_remove();
   if (c.history && write_history(c.history) == 0)
     history_truncate_file(c.history, HISTORY_LINES);
-  status = c.interrupted ? 130 : berth_host_errors(c.h) ? 1 : 0;
+  status = c.terminated ? 128 + c.terminated : c.interrupted ? 130
+         : berth_host_errors(c.h) ? 1 : 0;
   /* What the store still owes an answer (a suspend's commit, after which the ctx
    * leaves the Lua heap) is answered now: a store that closes drops its answers, and
    * the memory their callbacks would free.  (One iteration: the store's prepare.) */
@@ -1253,6 +1396,7 @@ out:
   disconnect_daemon(&cn);
   berth_daemon_facts_clear(&df);
   free(c.history);
+  free(c.buf);
   free(scripts);
   the_chat = NULL;
   ev_loop_destroy(loop);
@@ -1267,11 +1411,16 @@ typedef struct lua_run {
   struct ev_loop *loop;
   berth_host *h;
   int status;
+  conn *cn;
+  ev_signal sigint, sigterm;
+  ev_timer limit;               /* bounds the disposal after a signal */
+  bool shut;                    /* the shutdown finished */
 } lua_run;
 
 static void lua_shut(void *ud)
 {
   lua_run *r = ud;
+  r->shut = true;
   ev_break(r->loop, EVBREAK_ALL);
 }
 
@@ -1280,6 +1429,51 @@ static void lua_done(void *ud, int status)
   lua_run *r = ud;
   r->status = status;
   berth_host_shutdown(r->h, lua_shut, r);
+}
+
+static void lua_limit(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)w;
+  (void)revents;
+  ev_break(loop, EVBREAK_ALL);
+}
+
+/* SIGINT, SIGTERM: the sandboxes are disposed (within DISPOSE_LIMIT), the local
+ * daemon stopped and its token file removed, as at the file's end; status 128 + the
+ * signal.  A second one stops at once. */
+static void lua_signal(struct ev_loop *loop, ev_signal *w, int revents)
+{
+  (void)revents;
+  lua_run *r = w->data;
+  if (r->status >= 128) {
+    ev_break(loop, EVBREAK_ALL);
+    return;
+  }
+  r->status = 128 + w->signum;
+  ev_timer_start(loop, &r->limit);
+  berth_host_shutdown(r->h, lua_shut, r);
+}
+
+/* os.exit for berth lua: what the end of the file does first -- the sandboxes
+ * disposed, the local daemon stopped, its token file removed -- then the exit, as
+ * os.exit([code [, close]]) (busted ends with os.exit(1, true) when a spec fails).
+ * The loop runs here, inside the call, until the disposal ended or DISPOSE_LIMIT
+ * passed: nothing after os.exit may run, and the daemon's sessions must not outlive
+ * the process until their idle timeout. */
+static int lua_os_exit(lua_State *L)
+{
+  lua_run *r = lua_touserdata(L, lua_upvalueindex(1));
+  int code = lua_isboolean(L, 1) ? (lua_toboolean(L, 1) ? EXIT_SUCCESS : EXIT_FAILURE)
+                                 : (int)luaL_optinteger(L, 1, EXIT_SUCCESS);
+  fflush(NULL);
+  berth_host_shutdown(r->h, lua_shut, r);
+  ev_now_update(r->loop);
+  ev_tstamp deadline = ev_now(r->loop) + DISPOSE_LIMIT;
+  while (!r->shut && ev_now(r->loop) < deadline)
+    ev_run(r->loop, EVRUN_ONCE);
+  disconnect_daemon(r->cn);
+  fflush(NULL);
+  _exit(code & 0xff);
 }
 
 static int cmd_lua(int argc, char **argv)
@@ -1296,7 +1490,10 @@ static int cmd_lua(int argc, char **argv)
   }
   struct ev_loop *loop = ev_default_loop(0);
   char *scripts = berth_find_scripts_dir();
-  lua_run r = {loop, NULL, 1};
+  lua_run r;
+  memset(&r, 0, sizeof r);
+  r.loop = loop;
+  r.status = 1;
   char *err = NULL;
   berth_model *model = NULL;
   conn cn;
@@ -1304,6 +1501,7 @@ static int cmd_lua(int argc, char **argv)
     free(scripts);
     return 1;
   }
+  r.cn = &cn;
   if (o.model) {
     berth_model_options mo = {loop, cn.provider, NULL, NULL};
     if (!(model = berth_model_new(o.model, &mo, &err))) {
@@ -1330,9 +1528,31 @@ static int cmd_lua(int argc, char **argv)
     free(err);
     goto out;
   }
+  {
+    lua_State *L = berth_host_lua(r.h);
+    lua_getglobal(L, "os");
+    lua_pushlightuserdata(L, &r);
+    lua_pushcclosure(L, lua_os_exit, 1);
+    lua_setfield(L, -2, "exit");
+    lua_pop(L, 1);
+  }
   if (berth_run_file(r.h, argc - optind, argv + optind, lua_done, &r) != 0)
     goto out;
+  ev_timer_init(&r.limit, lua_limit, DISPOSE_LIMIT, 0.);
+  ev_signal_init(&r.sigint, lua_signal, SIGINT);
+  r.sigint.data = &r;
+  ev_signal_start(loop, &r.sigint);
+  ev_unref(loop);
+  ev_signal_init(&r.sigterm, lua_signal, SIGTERM);
+  r.sigterm.data = &r;
+  ev_signal_start(loop, &r.sigterm);
+  ev_unref(loop);               /* (the signals alone keep nothing alive) */
   ev_run(loop, 0);
+  ev_ref(loop);
+  ev_ref(loop);
+  ev_signal_stop(loop, &r.sigint);
+  ev_signal_stop(loop, &r.sigterm);
+  ev_timer_stop(loop, &r.limit);
 out:
   berth_host_free(r.h);
   berth_model_free(model);
@@ -1344,8 +1564,20 @@ out:
 
 /* }====================================================== */
 
+/* A descriptor among 0, 1, 2 that is closed is opened on /dev/null: else the next file
+ * opened (a store, a token file, a socket) would take its number, and standard input
+ * or output would be that file (`berth chat 0<&-` read its own store). */
+static void open_standard_descriptors(void)
+{
+  for (int fd = 0; fd < 3; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0)
+      break;                    /* (open takes the lowest free number: this one) */
+}
+
 int berth_cli_main(int argc, char **argv)
 {
+  open_standard_descriptors();
   plm_global_init();
   signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
