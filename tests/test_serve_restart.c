@@ -547,6 +547,70 @@ static void test_message_id_is_answered_from_the_store(void **state)
 
 /* }====================================================== */
 
+static bool answered_200(void *stream)
+{
+  st_stream *st = stream;
+  long code = 0;
+  curl_easy_getinfo(st->easy, CURLINFO_RESPONSE_CODE, &code);
+  return code == 200;
+}
+
+/* A message acknowledged (200) and still queued when SIGTERM came ends with
+ * "shutting_down" and a turn_end that says it was never taken ("refused"): nothing of
+ * it ran, so a retry with its id after the restart runs it (once: the next retry is
+ * answered from the store), never replays the shutdown forever. */
+static void test_a_message_queued_at_sigterm_runs_when_retried(void **state)
+{
+  (void)state;
+  const char *extra[12];
+  size_t k = 0;
+  for (const char *const *a = args(); *a; a++)
+    extra[k++] = *a;
+  extra[k++] = "--max-concurrent-turns";
+  extra[k++] = "1";
+  extra[k] = NULL;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, extra), 0);
+  char busy[40], queued[40];
+  create(s, 0, busy);
+  create(s, 0, queued);
+  CURLM *m = curl_multi_init();
+  st_stream a = {0}, q = {0};
+  st_stream_start(&a, m, st_url(s, "/v1/conversations/%s/messages", busy), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:1000\"}");
+  st_seen w = {&a, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
+  st_stream_start(&q, m, st_url(s, "/v1/conversations/%s/messages", queued), s->token[0],
+                  "{\"content\": \"x = 1\", \"messageId\": \"m-queued\"}");
+  assert_true(st_pump(m, answered_200, &q, WAIT));   /* acknowledged, waiting for a slot */
+  assert_int_equal(st_restart(s, SIGTERM, extra), 0);
+  assert_true(st_pump(m, st_done, &q, WAIT));
+  json_t *ev = st_sse_parse(q.buf, q.len);
+  json_t *err = event_named(ev, "error");
+  assert_non_null(err);
+  assert_string_equal(json_string_value(json_object_get(err, "code")), "shutting_down");
+  assert_true(json_is_true(json_object_get(event_named(ev, "turn_end"), "refused")));
+  json_decref(ev);
+  st_stream_free(&a, m);
+  st_stream_free(&q, m);
+  curl_multi_cleanup(m);
+
+  answer r = post_keyed(s, queued, "x = 1", "m-queued", false);
+  assert_false(r.replayed);
+  ev = one_turn(&r, 2, "x = 1", "m-queued");
+  json_t *end = event_named(ev, "turn_end");
+  assert_true(json_is_true(json_object_get(end, "ok")));
+  assert_null(json_object_get(end, "refused"));
+  assert_int_equal(json_integer_value(json_object_get(end, "cells")), 1);
+  json_decref(ev);
+  r = post_keyed(s, queued, "x = 1", "m-queued", false);
+  assert_true(r.replayed);
+  ev = one_turn(&r, 2, "x = 1", "m-queued");
+  assert_true(json_is_true(json_object_get(event_named(ev, "turn_end"), "ok")));
+  json_decref(ev);
+  stop(s);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -554,6 +618,7 @@ int main(void)
     cmocka_unit_test(test_restart_keeps_every_conversation_history_and_state),
     cmocka_unit_test(test_message_id_is_answered_from_the_store),
     cmocka_unit_test(test_a_second_host_on_the_same_sqlite_file_is_refused),
+    cmocka_unit_test(test_a_message_queued_at_sigterm_runs_when_retried),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

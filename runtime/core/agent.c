@@ -73,6 +73,7 @@ struct berth_conv {
   berth_cell_timing cell_timing; /* the last executeCode's (berth_conv_take_cell_timing) */
   bool has_cell_timing;
   bool turn_failed;
+  bool turn_refused;             /* its message was never taken (drop_queue) */
   bool has_slot, waiting_slot;
   berth_conv *slot_next;
   bool suspended, suspend_wanted, completing, completed, registered;
@@ -571,7 +572,9 @@ static void end_turn(berth_conv *c, bool cancelled)
 {
   berth_host *h = c->h;
   berth_turn_info info = {c->turns, !c->turn_failed && !cancelled,
-                          berth_clock() - c->turn->at, c->turn_cells, c->turn_cell_errors};
+                          berth_clock() - c->turn->at, c->turn_cells, c->turn_cell_errors,
+                          c->turn_refused};
+  c->turn_refused = false;
   if (c->turn->ticket)
     c->turn->ticket->m = NULL;   /* (a message ended unstored by a shutdown) */
   free(c->turn);
@@ -589,6 +592,8 @@ static void end_turn(berth_conv *c, bool cancelled)
     json_t *data = json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info.turn, "ok",
                              info.ok, "seconds", info.seconds, "cells",
                              (json_int_t)info.cells);
+    if (info.refused)
+      json_object_set_new(data, "refused", json_true());
     h->o.on_event(h->o.event_ud, c, "turnEnd", data);
     json_decref(data);
   }
@@ -614,6 +619,7 @@ static void drop_queue(berth_conv *c)
     host_error(c, "turn", "shutting_down",
                "the host is shutting down; this message was not processed");
     c->turn_failed = true;
+    c->turn_refused = true;     /* nothing of it ran: a retry with its id runs it */
     end_turn(c, false);
   }
 }

@@ -101,6 +101,8 @@ typedef struct berth_turn_info {
   double seconds;                /* from berth_conv_message to the end (queueing too) */
   unsigned cells;                /* executeCode calls that answered during the turn */
   unsigned cell_errors;          /* of those, the ones that failed (infrastructure) */
+  bool refused;                  /* its message was never taken (a shutdown came before
+                                  * it started): nothing ran, a retry may run it */
 } berth_turn_info;
 
 /* Typed callbacks, in the order they come for a turn:

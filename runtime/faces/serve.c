@@ -854,6 +854,8 @@ static void on_turn_end(void *ud, berth_conv *c, const berth_turn_info *info)
   json_t *end = json_pack("{s:i, s:b, s:f, s:i}", "turn", (json_int_t)info->turn, "ok",
                           info->ok, "seconds", info->seconds, "cells",
                           (json_int_t)info->cells);
+  if (info->refused && end)     /* never taken: replay_message runs a retry of it */
+    json_object_set_new(end, "refused", json_true());
   if (sc->s->leases && end)     /* where and when it ran: one host at a time, checkably */
     json_object_update_new(end, json_pack("{s:s, s:I, s:I}", "host", sc->s->host_id,
                                           "startedMs", (json_int_t)sc->turn_started_ms,
