@@ -547,6 +547,35 @@ static void test_message_id_is_answered_from_the_store(void **state)
 
 /* }====================================================== */
 
+/* An Idempotency-Key is held to messageId's rule (1 to 128 bytes, UTF-8): one that
+ * breaks it is refused (400) before anything runs, never dropped (a retry would then
+ * run the message again). */
+static void test_an_idempotency_key_out_of_rule_is_refused(void **state)
+{
+  (void)state;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args()), 0);
+  char id[40];
+  create(s, 0, id);
+  char longkey[130];
+  memset(longkey, 'k', 129);
+  longkey[129] = 0;
+  const char *bad[] = {longkey, "bad\xff" "key"};
+  for (size_t i = 0; i < 2; i++) {
+    answer a = post_keyed(s, id, "n = 1", bad[i], true);
+    assert_int_equal(a.status, 400);
+    assert_non_null(strstr(a.body, "Idempotency-Key must be 1 to 128 bytes of UTF-8"));
+    free(a.body);
+  }
+  longkey[128] = 0;             /* 128 bytes: kept, so the retry is answered from the store */
+  answer a = post_keyed(s, id, "n = 1", longkey, true);
+  json_decref(one_turn(&a, 1, "n = 1", longkey));
+  a = post_keyed(s, id, "n = 1", longkey, true);
+  assert_true(a.replayed);
+  json_decref(one_turn(&a, 1, "n = 1", longkey));
+  stop(s);
+}
+
 static bool answered_200(void *stream)
 {
   st_stream *st = stream;
@@ -619,6 +648,7 @@ int main(void)
     cmocka_unit_test(test_message_id_is_answered_from_the_store),
     cmocka_unit_test(test_a_second_host_on_the_same_sqlite_file_is_refused),
     cmocka_unit_test(test_a_message_queued_at_sigterm_runs_when_retried),
+    cmocka_unit_test(test_an_idempotency_key_out_of_rule_is_refused),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1636,13 +1636,25 @@ static void on_renew(struct ev_loop *loop, ev_timer *w, int revents)
 /* {====================================================== messages */
 
 /* The client's id for the message: its body's messageId, or an Idempotency-Key. */
-static const char *message_id_of(request *q, const json_t *body)
+/* The client's id for the message: the body's messageId (checked with the body), else
+ * an Idempotency-Key header, held to the same rule -- an id that were dropped would
+ * let a retry run the message twice.  False (400) for a header that breaks it. */
+static bool message_id_of(request *q, const json_t *body, const char **mid)
 {
-  const json_t *mid = json_object_get(body, "messageId");
-  if (json_is_string(mid))
-    return json_string_value(mid);
+  const json_t *field = json_object_get(body, "messageId");
+  *mid = NULL;
+  if (json_is_string(field)) {
+    *mid = json_string_value(field);
+    return true;
+  }
   const char *k = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, "Idempotency-Key");
-  return k && *k && strlen(k) <= 128 ? k : NULL;
+  if (!k)
+    return true;
+  size_t n = strlen(k);
+  if (n < 1 || n > 128 || !plm_utf8_valid(k, n))
+    return false;
+  *mid = k;
+  return true;
 }
 
 /* A read of the store failed: 503, the store's reason (e freed). */
@@ -1779,7 +1791,13 @@ static struct MHD_Response *give_message(request *q, sconv *sc, unsigned *status
     *status = MHD_HTTP_BAD_REQUEST;
     return r;
   }
-  const char *mid = message_id_of(q, body);
+  const char *mid;
+  if (!message_id_of(q, body, &mid)) {
+    json_decref(body);
+    *status = MHD_HTTP_BAD_REQUEST;
+    return error_response("invalid_argument", "Idempotency-Key must be 1 to 128 bytes of "
+                                              "UTF-8, as messageId");
+  }
   if (mid && s->store) {
     struct MHD_Response *r = replay_message(q, sc, mid, status);
     if (r) {
