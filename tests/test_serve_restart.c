@@ -576,6 +576,58 @@ static void test_an_idempotency_key_out_of_rule_is_refused(void **state)
   stop(s);
 }
 
+/* While a DELETE waits for the conversation's running turn, the conversation is gone
+ * for every other request: 404, never a 500 naming its run id. */
+static void test_a_conversation_being_deleted_is_not_found(void **state)
+{
+  (void)state;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, args()), 0);
+  char id[40];
+  create(s, 0, id);
+  CURLM *m = curl_multi_init();
+  st_stream a = {0}, d = {0};
+  st_stream_start(&a, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
+                  "{\"content\": \"plimsoll-echo:sleep:1500\"}");
+  st_seen w = {&a, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
+  st_stream_start(&d, m, st_url(s, "/v1/conversations/%s", id), s->token[0], "");
+  curl_multi_remove_handle(m, d.easy);
+  curl_easy_setopt(d.easy, CURLOPT_CUSTOMREQUEST, "DELETE");
+  curl_multi_add_handle(m, d.easy);
+  long code = 200;
+  char *out = NULL;
+  for (int i = 0; i < 200 && code == 200; i++) {   /* until the DELETE has begun */
+    int running;
+    curl_multi_perform(m, &running);
+    curl_multi_poll(m, NULL, 0, 10, NULL);
+    free(out);
+    out = NULL;
+    code = st_call("GET", st_url(s, "/v1/conversations/%s", id), s->token[0], NULL, &out);
+  }
+  if (code != 404)
+    fail_msg("GET while deleting: %ld %s", code, out ? out : "");
+  assert_null(strstr(out, "run id"));
+  free(out);
+  out = NULL;
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations/%s/messages", id),
+                           s->token[0], "{\"content\": \"y = 1\"}", &out), 404);
+  free(out);
+  out = NULL;
+  assert_int_equal(st_call("DELETE", st_url(s, "/v1/conversations/%s", id), s->token[0],
+                           NULL, &out), 404);
+  free(out);
+  assert_true(st_pump(m, st_done, &d, WAIT));
+  assert_true(st_pump(m, st_done, &a, WAIT));
+  long status = 0;
+  curl_easy_getinfo(d.easy, CURLINFO_RESPONSE_CODE, &status);
+  assert_true(status == 200 || status == 204);
+  st_stream_free(&a, m);
+  st_stream_free(&d, m);
+  curl_multi_cleanup(m);
+  stop(s);
+}
+
 static bool answered_200(void *stream)
 {
   st_stream *st = stream;
@@ -649,6 +701,7 @@ int main(void)
     cmocka_unit_test(test_a_second_host_on_the_same_sqlite_file_is_refused),
     cmocka_unit_test(test_a_message_queued_at_sigterm_runs_when_retried),
     cmocka_unit_test(test_an_idempotency_key_out_of_rule_is_refused),
+    cmocka_unit_test(test_a_conversation_being_deleted_is_not_found),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

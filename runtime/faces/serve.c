@@ -1912,6 +1912,13 @@ static sconv *find_or_resume(request *q, unsigned *status, char **why)
   memcpy(sc->id, q->id, ID_LEN + 1);
   berth_conv_options co = {NULL, NULL, NULL, sc, sc->id, cl->digest};
   e = berth_conv_open(s->h, &co, &sc->conv);
+  if (e && !strcmp(e->code, "exists")) {
+    /* open in the host and not in the table: a DELETE is completing it (start_delete),
+     * and it is gone for every request from then on */
+    berth_error_free(e);
+    free(sc);
+    return NULL;
+  }
   if (e) {
     const char *code = status_of(e, status);
     *why = msg("%s: %s", code, e->message);
