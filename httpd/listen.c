@@ -21,6 +21,13 @@ static void say(char **why, const char *fmt, const char *a, const char *b)
 int httpd_listen(const char *host, const char *port, int backlog, unsigned *bound_port,
                  char **why)
 {
+    /* getaddrinfo takes any number and keeps its low 16 bits (65617 is port 81) */
+    size_t digits = strspn(port, "0123456789");
+    if (!digits || port[digits] || digits > 5 || atol(port) > 65535) {
+        say(why, "cannot listen on %s:%s: the port must be a number from 0 to 65535", host,
+            port);
+        return -1;
+    }
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

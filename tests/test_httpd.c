@@ -28,6 +28,7 @@
 #include <ev.h>
 #include <microhttpd.h>
 
+#include "listen.h"
 #include "mhd_ev.h"
 
 #define WAIT 10.0                /* seconds: a bound on each wait, never a sleep */
@@ -266,11 +267,39 @@ static void test_kick_from_a_prepare_watcher_started_after_mhds(void **state)
   run_case(false);
 }
 
+/* A port is 0 to 65535, written in decimal: getaddrinfo would keep the low 16 bits of
+ * a larger one (65617 would be port 81) and take the rest as it parses. */
+static void test_listen_takes_only_ports_it_can_bind(void **state)
+{
+  (void)state;
+  static const char *const bad[] = {"65536", "65617", "99999999999", "-1", "abc", "80x", " 80",
+                                    "+80", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    unsigned port = 7;
+    char *why = NULL;
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%s", bad[i]);
+    assert_int_equal(httpd_listen_spec(spec, "--listen", 8, &port, &why), -1);
+    assert_non_null(why);
+    assert_true(strstr(why, "port must be a number from 0 to 65535") ||
+                strstr(why, "needs HOST:PORT"));
+    free(why);
+    assert_int_equal(port, 7);
+  }
+  unsigned port = 0;
+  char *why = NULL;
+  int fd = httpd_listen_spec("127.0.0.1:0", "--listen", 8, &port, &why);
+  assert_true(fd >= 0);
+  assert_true(port > 0 && port <= 65535);
+  close(fd);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_kick_from_a_prepare_watcher_started_before_mhds),
     cmocka_unit_test(test_kick_from_a_prepare_watcher_started_after_mhds),
+    cmocka_unit_test(test_listen_takes_only_ports_it_can_bind),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
