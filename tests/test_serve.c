@@ -1122,7 +1122,8 @@ static bool restarted(void *ud)
   return yes;
 }
 
-/* SIGKILL the sandboxd berth started: berth starts it again (logged), and the
+/* SIGKILL the sandboxd berth started: berth starts it again (logged, in the log's own
+ * format: with --log-format json those lines are JSON records too), and the
  * conversation's next cell runs, in a fresh sandbox the model is told about. */
 static void test_I11_local_sandboxd_killed_is_restarted(void **state)
 {
@@ -1130,7 +1131,8 @@ static void test_I11_local_sandboxd_killed_is_restarted(void **state)
   const char *build = getenv("BUILD") && *getenv("BUILD") ? getenv("BUILD") : "build";
   char sandboxd[256];
   snprintf(sandboxd, sizeof sandboxd, "%s/sandboxd", build);
-  const char *args[] = {"--sandboxd", sandboxd, "--provider", "echo", NULL};
+  const char *args[] = {"--sandboxd", sandboxd, "--provider", "echo", "--log-format", "json",
+                        NULL};
   st_server *s = calloc(1, sizeof *s);
   assert_int_equal(st_start(s, script, args), 0);
   char id[40];
@@ -1172,8 +1174,24 @@ static void test_I11_local_sandboxd_killed_is_restarted(void **state)
                       "python 1: y = 2");
   json_decref(ev);
   char *log = st_read_log(s);
-  assert_non_null(strstr(log, "was killed by signal 9"));
+  bool killed = false, again = false;
+  char *save = NULL;
+  for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (!o)
+      fail_msg("a log record that is not JSON: %s", line);
+    const char *m = json_string_value(json_object_get(o, "msg"));
+    const char *level = json_string_value(json_object_get(o, "level"));
+    assert_non_null(m);
+    if (strstr(m, "was killed by signal 9") && !strcmp(level, "warn"))
+      killed = true;
+    if (strstr(m, "is running again") && !strcmp(level, "info"))
+      again = true;
+    json_decref(o);
+  }
   free(log);
+  assert_true(killed);
+  assert_true(again);
   stop(s, 0);
 }
 

@@ -4,6 +4,7 @@
  * 0, and the daemon's own `listening URL` line (local_sandboxd.h).
  */
 #include "local_sandboxd.h"
+#include "diag.h"
 #include "xalloc.h"
 #include "runtime.h"  /* berth_error_new */
 
@@ -251,15 +252,15 @@ static void restart(berth_daemon *d)
   if (spawn(d, listen) == 0) {
     d->restarts++;
     d->retry_after = RETRY_FIRST;
-    fprintf(stderr, "berth: the local sandboxd is running again (pid %d, restart %u) at "
-                    "%s; each conversation's next call gets a fresh sandbox\n",
-            (int)d->pid, d->restarts, d->url);
+    berth_diag(BERTH_LOG_INFO, "the local sandboxd is running again (pid %d, restart %u) "
+                               "at %s; each conversation's next call gets a fresh sandbox",
+               (int)d->pid, d->restarts, d->url);
     watch_child(d);
     return;
   }
   reap(d);
-  fprintf(stderr, "berth: restarting the local sandboxd failed; trying again in %g s\n",
-          d->retry_after);
+  berth_diag(BERTH_LOG_ERROR, "restarting the local sandboxd failed; trying again in %g s",
+             d->retry_after);
   ev_timer_set(&d->retry, d->retry_after, 0.);
   ev_timer_start(d->loop, &d->retry);
   ev_unref(d->loop);
@@ -288,11 +289,11 @@ static void on_child(struct ev_loop *loop, ev_child *w, int revents)
     d->out_fd = -1;
   }
   if (WIFSIGNALED(st))
-    fprintf(stderr, "berth: the local sandboxd (pid %d) was killed by signal %d; starting "
-                    "it again\n", (int)w->rpid, WTERMSIG(st));
+    berth_diag(BERTH_LOG_WARN, "the local sandboxd (pid %d) was killed by signal %d; "
+                               "starting it again", (int)w->rpid, WTERMSIG(st));
   else
-    fprintf(stderr, "berth: the local sandboxd (pid %d) exited with status %d; starting "
-                    "it again\n", (int)w->rpid, WEXITSTATUS(st));
+    berth_diag(BERTH_LOG_WARN, "the local sandboxd (pid %d) exited with status %d; "
+                               "starting it again", (int)w->rpid, WEXITSTATUS(st));
   restart(d);
 }
 

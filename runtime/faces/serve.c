@@ -32,6 +32,7 @@
 #include "xalloc.h"
 #include "berth.h"
 #include "plimsoll.h"
+#include "diag.h"
 #include "store/store.h"
 #include "web.h"
 #include "connguard.h"           /* httpd/: what serve shares with sandboxd */
@@ -338,6 +339,15 @@ static void host_log(void *ud, berth_log_level level, const char *message)
   server *s = ud;
   if (level == BERTH_LOG_DEBUG && !s->verbose)
     return;
+  static const char *const names[] = {"debug", "info", "warn", "error"};
+  log_record(names[level], message);
+}
+
+/* The store's and the local sandboxd's own lines (diag.h), into the same log: from
+ * any thread (the checkpoint thread's), so no server state is touched. */
+static void diag_log(void *ud, berth_log_level level, const char *message)
+{
+  (void)ud;
   static const char *const names[] = {"debug", "info", "warn", "error"};
   log_record(names[level], message);
 }
@@ -2825,6 +2835,7 @@ int berth_cmd_serve(int argc, char **argv)
   server srv;
   server *s = &srv;
   memset(s, 0, sizeof *s);
+  berth_diag_sink(diag_log, NULL);   /* (before the store and the local sandboxd start) */
   plm_idmap_init(&s->convs);
   s->verbose = a.verbose;
   s->max_body = a.max_body;

@@ -3,6 +3,7 @@
  * (sqlite_checkpoint.h says why).
  */
 #include "sqlite_checkpoint.h"
+#include "diag.h"
 #include "xalloc.h"
 
 #include <pthread.h>
@@ -43,8 +44,8 @@ static void *checkpointer(void *arg)
       c->copied = copied;
     }
     else if (c->failed++ == 0)  /* once: the next ones say nothing new */
-      fprintf(stderr, "berth: store: a checkpoint of the WAL failed (%s); it is tried "
-                      "again as the WAL grows\n", sqlite3_errstr(rc));
+      berth_diag(BERTH_LOG_WARN, "store: a checkpoint of the WAL failed (%s); it is tried "
+                                 "again as the WAL grows", sqlite3_errstr(rc));
   }
   pthread_mutex_unlock(&c->mu);
   return NULL;

@@ -11,6 +11,7 @@
  * is called): they are kept on a list and run from the watcher.
  */
 #include "store_engine.h"
+#include "diag.h"
 #include "xalloc.h"
 #include "embed.h"
 
@@ -383,8 +384,8 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
       s->retry_delay = RETRY_MOST;
     s->retry_at = berth_clock() + s->retry_delay;
     if (!s->failing)
-      fprintf(stderr, "berth: store: %zu writes failed, kept to be tried again: %s\n",
-              b->n, err->message);
+      berth_diag(BERTH_LOG_ERROR, "store: %zu writes failed, kept to be tried again: %s",
+                 b->n, err->message);
     s->failing = true;
     berth_error_free(s->last_err);
     s->last_err = berth_error_new(err->code, "%s", err->message);
@@ -393,7 +394,7 @@ void berth_store_batch_done(berth_store_batch *b, const berth_error *err)
   } else if (s->failing) {
     s->failing = false;
     s->retry_delay = 0;
-    fprintf(stderr, "berth: store: writes succeed again\n");
+    berth_diag(BERTH_LOG_INFO, "store: writes succeed again");
   }
   for (store_op *op = b->ops, *next; op; op = next) {
     next = op->next;
@@ -631,8 +632,8 @@ void berth_store_free(berth_store *s)
   berth_error *e = berth_store_flush(s);
   if (e) {
     /* the last try: what is still queued could not be written, and is said so */
-    fprintf(stderr, "berth: store: closing with %zu writes that could not be stored: %s\n",
-            s->queued, e->message);
+    berth_diag(BERTH_LOG_ERROR, "store: closing with %zu writes that could not be stored: %s",
+               s->queued, e->message);
     berth_error_free(e);
   }
   s->closing = true;

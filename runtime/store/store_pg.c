@@ -30,6 +30,7 @@
  * database and the host only.
  */
 #include "store_engine.h"
+#include "diag.h"
 #include "xalloc.h"
 #include "embed.h"
 
@@ -290,7 +291,7 @@ static void finish(pgreq *q, const berth_error *err)
       break;
     case R_SETUP:
       if (q->err)
-        fprintf(stderr, "berth: store: preparing statements: %s\n", q->err->message);
+        berth_diag(BERTH_LOG_ERROR, "store: preparing statements: %s", q->err->message);
       req_free(q);
       break;
     case R_WAIT:
