@@ -628,6 +628,44 @@ static void test_a_conversation_being_deleted_is_not_found(void **state)
   stop(s);
 }
 
+/* --max-conversations-per-caller counts what the caller holds in the store from before
+ * a restart, loaded or not: a restart makes no room; a deletion does. */
+static void test_the_per_caller_cap_holds_across_a_restart(void **state)
+{
+  (void)state;
+  const char *extra[12];
+  size_t k = 0;
+  for (const char *const *a = args(); *a; a++)
+    extra[k++] = *a;
+  extra[k++] = "--max-conversations-per-caller";
+  extra[k++] = "2";
+  extra[k] = NULL;
+  st_server *s = calloc(1, sizeof *s);
+  assert_int_equal(st_start(s, script, extra), 0);
+  char a[40], b[40];
+  create(s, 0, a);
+  create(s, 0, b);
+  const char *body = "{\"userId\": \"u\"}";
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), s->token[0], body, NULL),
+                   429);
+  assert_int_equal(st_restart(s, SIGTERM, extra), 0);
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), s->token[0], body, NULL),
+                   429);
+  assert_int_equal(st_call("GET", st_url(s, "/v1/conversations/%s", a), s->token[0], NULL,
+                           NULL), 200);                  /* loaded: still two held */
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), s->token[0], body, NULL),
+                   429);
+  char *out = NULL;
+  long st = st_call("DELETE", st_url(s, "/v1/conversations/%s", b), s->token[0], NULL, &out);
+  free(out);
+  assert_true(st == 200 || st == 204);                   /* never loaded before */
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), s->token[0], body, NULL),
+                   201);
+  assert_int_equal(st_call("POST", st_url(s, "/v1/conversations"), s->token[0], body, NULL),
+                   429);
+  stop(s);
+}
+
 static bool answered_200(void *stream)
 {
   st_stream *st = stream;
@@ -702,6 +740,7 @@ int main(void)
     cmocka_unit_test(test_a_message_queued_at_sigterm_runs_when_retried),
     cmocka_unit_test(test_an_idempotency_key_out_of_rule_is_refused),
     cmocka_unit_test(test_a_conversation_being_deleted_is_not_found),
+    cmocka_unit_test(test_the_per_caller_cap_holds_across_a_restart),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

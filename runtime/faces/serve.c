@@ -102,8 +102,9 @@ static const char serve_usage[] =
   "                                   bwrap; echo runs no code).  Neither: $PLIMSOLL_URL\n"
   "                                   and $PLIMSOLL_TOKEN, else a local sandboxd\n"
   "  --max-conversations N            open conversations (default 10000)\n"
-  "  --max-conversations-per-caller N conversations one caller may hold; 0: no cap\n"
-  "                                   (default: half of --max-conversations, rounded\n"
+  "  --max-conversations-per-caller N conversations one caller may hold, those open in\n"
+  "                                   a SQLite store from before a restart too; 0: no\n"
+  "                                   cap (default: half of --max-conversations, rounded\n"
   "                                   up, with two or more callers; no cap with one)\n"
   "  --max-concurrent-turns N         turns running at once; more wait (default 256)\n"
   "  --max-queued-messages N          messages waiting for a turn (default 4096)\n"
@@ -149,7 +150,8 @@ typedef struct caller {
   unsigned char hash[32];
   char label[12];                /* "k" + 8 hex digits of the token's SHA-256 */
   char digest[65];               /* all of it: the owner of its stored conversations */
-  size_t convs;
+  size_t convs;                  /* held here: created, or loaded from the store */
+  size_t stored;                 /* open in the store, not loaded yet (a host alone on it) */
   bool revoked;                  /* gone from the token file (SIGHUP): not accepted */
 } caller;
 
@@ -1148,7 +1150,7 @@ static enum MHD_Result do_create(request *q)
   }
   const char *user = body.user;
   caller *cl = &s->callers[q->caller];
-  if (s->max_per_caller && cl->convs >= s->max_per_caller) {
+  if (s->max_per_caller && cl->convs + cl->stored >= s->max_per_caller) {
     json_decref(body.body);
     return queue(q, MHD_HTTP_TOO_MANY_REQUESTS,
                  error_response("capacity", "this caller holds its limit of %zu "
@@ -1937,6 +1939,8 @@ static sconv *find_or_resume(request *q, unsigned *status, char **why)
     return NULL;
   }
   cl->convs++;
+  if (cl->stored)
+    cl->stored--;               /* (held now, counted once) */
   table_add(s, sc);
   if (s->verbose)
     slog(s, "caller %s resumed %s from the store", cl->label, berth_conv_run_id(sc->conv));
@@ -2742,6 +2746,26 @@ static size_t default_per_caller(size_t max_convs, size_t n_callers)
  * that is gone is marked revoked (refused from now on, its open conversations left
  * as they are), a new one is appended, one that comes back is accepted again.  On
  * any error the callers stay as they were.  Logged by label, never by token. */
+/* A host alone on its store counts, for the per-caller cap, the conversations each
+ * caller holds there from before it started (callers[from..]): they are held though
+ * not loaded, so a restart does not make room for more. */
+static void count_stored(server *s, size_t from)
+{
+  if (!s->store || s->leases || !s->max_per_caller)
+    return;
+  for (size_t i = from; i < s->n_callers; i++) {
+    size_t n = 0;
+    berth_error *e = berth_store_count_open(s->store, s->callers[i].digest, &n);
+    if (e) {
+      slog_warn(s, "caller %s: its stored conversations could not be counted (%s); the cap "
+                   "counts those it opens from now on", s->callers[i].label, e->message);
+      berth_error_free(e);
+      continue;
+    }
+    s->callers[i].stored = n;
+  }
+}
+
 static int load_callers(server *s, const char *path)
 {
   httpd_token_hash *hashes;
@@ -2796,6 +2820,7 @@ static int load_callers(server *s, const char *path)
     }
   free(kept);
   httpd_tokens_free(hashes, (size_t)n);
+  count_stored(s, old);         /* (at start the store is not open yet: counted then) */
   if (reload)
     slog(s, "token file %s read again: %zu caller%s added, %zu removed", path, added,
          added == 1 ? "" : "s", removed);
@@ -2936,6 +2961,7 @@ int berth_cmd_serve(int argc, char **argv)
     if (marked)
       slog(s, "%zu turn%s running when the last host stopped marked interrupted", marked,
            marked == 1 ? "" : "s");
+    count_stored(s, 0);
     if (s->leases) {
       unsigned char raw[8];
       if (RAND_bytes(raw, sizeof raw) != 1) {

@@ -746,6 +746,15 @@ berth_error *berth_store_list_convs(berth_store *s, const char *caller, uint64_t
   return e ? e : read_failed(s, s->vt->list_convs(s, caller, before, limit, out, n));
 }
 
+berth_error *berth_store_count_open(berth_store *s, const char *caller, size_t *n)
+{
+  *n = 0;
+  if (!s->vt->count_open)
+    return NULL;
+  berth_error *e = read_barrier(s);
+  return e ? e : read_failed(s, s->vt->count_open(s, caller, n));
+}
+
 berth_error *berth_store_load_messages(berth_store *s, const char *id, char ***out,
                                        size_t *n)
 {

@@ -195,6 +195,11 @@ berth_error *berth_store_get_conv(berth_store *s, const char *id, berth_store_co
 berth_error *berth_store_list_convs(berth_store *s, const char *caller, uint64_t before,
                                     size_t limit, berth_store_conv **out, size_t *n);
 void berth_store_convs_free(berth_store_conv *v, size_t n);
+/* How many of the caller's conversations are not completed: what a host alone on its
+ * store holds for the caller at start, loaded or not.  SQLite counts the file; the
+ * memory store has nothing from before the process, and a store shared by many hosts
+ * (PostgreSQL) is not counted: both answer 0. */
+berth_error *berth_store_count_open(berth_store *s, const char *caller, size_t *n);
 /* The whole history, in order (malloc'd array of malloc'd texts). */
 berth_error *berth_store_load_messages(berth_store *s, const char *id, char ***out,
                                        size_t *n);

@@ -87,6 +87,8 @@ typedef struct berth_store_vtable {
   size_t eager_ops;
   /* berth_store_claim (store.h).  NULL: there is nothing to claim. */
   berth_error *(*claim)(berth_store *s);
+  /* berth_store_count_open (store.h).  NULL: 0. */
+  berth_error *(*count_open)(berth_store *s, const char *caller, size_t *n);
 } berth_store_vtable;
 
 struct berth_store {

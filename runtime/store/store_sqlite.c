@@ -96,7 +96,7 @@ static const char *const migrations[BERTH_STORE_SCHEMA] = {
 enum {
   S_PUT_CONV, S_ADD_CONV, S_FENCED, S_DEL_MESSAGES, S_PUT_MESSAGE, S_PUT_EVENT, S_GET_CONV,
   S_LIST, S_RUNNING, S_MESSAGES, S_EVENTS, S_FIND_MESSAGE, S_BEGIN, S_COMMIT, S_ROLLBACK,
-  S_LEASE_TAKE, S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT
+  S_LEASE_TAKE, S_LEASE_RENEW, S_LEASE_RELEASE, S_LEASE_CLEAR, S_COUNT_OPEN, S_COUNT
 };
 
 #define LEASE_FREE "(lease_holder IS NULL OR lease_expiry_ms < ?3 OR lease_holder = ?2)"
@@ -143,6 +143,8 @@ static const char *const sql[S_COUNT] = {
   " WHERE id = ?1 AND lease_holder = ?2",
   "UPDATE conversations SET lease_holder = NULL, lease_expiry_ms = 0"
   " WHERE lease_holder IS NOT NULL",
+  /* (conversations_by_caller serves it) */
+  "SELECT count(*) FROM conversations WHERE caller = ?1 AND status <> 'completed'",
 };
 
 /* A batch goes to the writer once this many writes are queued (store_engine.h), so
@@ -678,6 +680,17 @@ static berth_error *lite_list_convs(berth_store *s, const char *caller, uint64_t
   return rows_conv(l, q, out, n);
 }
 
+static berth_error *lite_count_open(berth_store *s, const char *caller, size_t *n)
+{
+  lite *l = s->engine;
+  sqlite3_stmt *q = l->st[S_COUNT_OPEN];
+  bind_text(q, 1, caller);
+  int rc = sqlite3_step(q);
+  *n = rc == SQLITE_ROW ? (size_t)sqlite3_column_int64(q, 0) : 0;
+  sqlite3_reset(q);
+  return rc == SQLITE_ROW ? NULL : lite_error(l, rc, "counting a caller's conversations");
+}
+
 static berth_error *lite_list_running(berth_store *s, berth_store_conv **out, size_t *n)
 {
   lite *l = s->engine;
@@ -774,5 +787,5 @@ static void lite_stats(const berth_store *s, berth_store_stats *out)
 const berth_store_vtable berth_store_sqlite = {
   "sqlite", lite_open, lite_close, lite_apply, lite_get_conv, lite_list_convs,
   lite_load_messages, lite_read_events, lite_find_message, lite_list_running,
-  lite_settle, lite_stats, LITE_EAGER_OPS, lite_claim,
+  lite_settle, lite_stats, LITE_EAGER_OPS, lite_claim, lite_count_open,
 };
