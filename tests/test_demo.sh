@@ -396,6 +396,25 @@ test_chat_input_ends_and_long_lines() {
     [ $rc -eq 143 ] && has "$work/term.out" "the conversation completed" || { echo "exit $rc"; cat "$work/term.out"; return 1; }
 }
 
+# Usage errors are status 2 and say what is wrong: an option without its value, a
+# --store that keeps nothing for --resume; --provider starts a local daemon even
+# where PLIMSOLL_URL names another.
+test_usage_errors_and_provider_over_the_environment() {
+    "$B" replay --daemon > "$work/u1.out" 2>&1
+    [ $? -eq 2 ] && has "$work/u1.out" "--daemon needs a value" || return 1
+    printf 'return { loop = true, turns = { { user = "*", replies = { { say = "hi" } } } } }\n' > "$work/hi2.lua"
+    echo hello | "$B" chat --provider echo --model "scripted:$work/hi2.lua" --store memory > "$work/u2.out" 2>&1
+    [ $? -eq 2 ] && has "$work/u2.out" "--store memory keeps nothing" || return 1
+    cat > "$work/prov.lua" <<'LUA'
+local r = assert(sandbox.executeCode{runId = "r", code = "40 + 2"})
+assert(r.stdout == "python 1: 40 + 2", r.stdout)
+print("local daemon ok")
+LUA
+    PLIMSOLL_URL=http://127.0.0.1:1 "$B" lua --provider echo "$work/prov.lua" > "$work/u3.out" 2>&1 ||
+        { cat "$work/u3.out"; return 1; }
+    has "$work/u3.out" "local daemon ok"
+}
+
 # A token file's first line is the token, however long.
 test_token_file_of_a_long_token() {
     python3 -c "print('T' * 1500)" > "$work/long.tok"
@@ -449,5 +468,6 @@ run replay_idle_steps_never_stall
 run replay_and_lua_dispose_their_sandboxes_however_they_end
 run chat_input_ends_and_long_lines
 run token_file_of_a_long_token
+run usage_errors_and_provider_over_the_environment
 
 finish

@@ -185,7 +185,7 @@ static int parse_opts(int argc, char **argv, const char *usage, const char *allo
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "+", long_opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "+:", long_opts, NULL)) != -1) {
     const char *name = NULL;
     for (const struct option *lo = long_opts; lo->name; lo++)
       if (lo->val == c)
@@ -222,6 +222,9 @@ static int parse_opts(int argc, char **argv, const char *usage, const char *allo
         break;
       case O_HELP: fputs(usage, stdout); return 0;
       case O_VERSION: print_version(); return 0;
+      case ':':
+        fprintf(stderr, "berth %s: %s needs a value\n\n%s", argv[0], argv[optind - 1], usage);
+        return 2;
       default:
         fprintf(stderr, "berth %s: unknown option %s\n\n%s", argv[0], argv[optind - 1], usage);
         return 2;
@@ -287,7 +290,8 @@ static int connect_daemon(const opts *o, conn *c, bool use_env, bool start_local
     c->provider = o->provider;
     return 0;
   }
-  if (use_env && getenv("PLIMSOLL_URL") && *getenv("PLIMSOLL_URL") && !o->start_local) {
+  if (use_env && getenv("PLIMSOLL_URL") && *getenv("PLIMSOLL_URL") && !o->start_local &&
+      !o->provider) {           /* (--provider asks for a local sandboxd: it wins) */
     c->url = getenv("PLIMSOLL_URL");
     if (getenv("PLIMSOLL_TOKEN"))
       c->token = berth_xstrdup(getenv("PLIMSOLL_TOKEN"));
@@ -1242,6 +1246,11 @@ static int cmd_chat(int argc, char **argv)
     return rc;
   if (optind != argc) {
     fprintf(stderr, "berth chat: unexpected argument %s\n\n%s", argv[optind], chat_usage);
+    return 2;
+  }
+  if (o.store && !strcmp(o.store, "memory")) {
+    fprintf(stderr, "berth chat: --store memory keeps nothing once the chat ends: give "
+                    "sqlite:PATH to continue the conversation later\n");
     return 2;
   }
   if (o.resume && !o.store) {
