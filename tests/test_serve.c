@@ -1122,6 +1122,27 @@ static bool restarted(void *ud)
   return yes;
 }
 
+/* The server's log with --log-format json: every line checked to be one JSON record
+ * with "ts", "level" and "msg", all of them in an array. */
+static json_t *json_log(st_server *s)
+{
+  char *log = st_read_log(s);
+  assert_non_null(log);
+  json_t *all = json_array();
+  char *save = NULL;
+  for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (!o)
+      fail_msg("a log record that is not JSON: %s", line);
+    assert_non_null(json_string_value(json_object_get(o, "ts")));
+    assert_non_null(json_string_value(json_object_get(o, "level")));
+    assert_non_null(json_string_value(json_object_get(o, "msg")));
+    json_array_append_new(all, o);
+  }
+  free(log);
+  return all;
+}
+
 /* SIGKILL the sandboxd berth started: berth starts it again (logged, in the log's own
  * format: with --log-format json those lines are JSON records too), and the
  * conversation's next cell runs, in a fresh sandbox the model is told about. */
@@ -1173,23 +1194,18 @@ static void test_I11_local_sandboxd_killed_is_restarted(void **state)
                         json_object_get(ev_data(ev, 1), "result"), "stdout")),
                       "python 1: y = 2");
   json_decref(ev);
-  char *log = st_read_log(s);
+  json_t *log = json_log(s), *o;
   bool killed = false, again = false;
-  char *save = NULL;
-  for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-    json_t *o = json_loads(line, 0, NULL);
-    if (!o)
-      fail_msg("a log record that is not JSON: %s", line);
+  size_t i;
+  json_array_foreach(log, i, o) {
     const char *m = json_string_value(json_object_get(o, "msg"));
     const char *level = json_string_value(json_object_get(o, "level"));
-    assert_non_null(m);
     if (strstr(m, "was killed by signal 9") && !strcmp(level, "warn"))
       killed = true;
     if (strstr(m, "is running again") && !strcmp(level, "info"))
       again = true;
-    json_decref(o);
   }
-  free(log);
+  json_decref(log);
   assert_true(killed);
   assert_true(again);
   stop(s, 0);
@@ -1204,19 +1220,12 @@ static void test_I11_local_sandboxd_killed_is_restarted(void **state)
  * a listen address off loopback is warned about. */
 static bool log_checks(st_server *s, const char *id, const char *eid)
 {
-  char *log = st_read_log(s);
-  assert_non_null(log);
+  json_t *log = json_log(s), *o;
   bool hook_logged = false, access_logged = false, warned = false;
-  char *save = NULL;
-  for (char *line = strtok_r(log, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-    json_t *o = json_loads(line, 0, NULL);
-    if (!o)
-      fail_msg("a log record that is not JSON: %s", line);
+  size_t i;
+  json_array_foreach(log, i, o) {
     const char *level = json_string_value(json_object_get(o, "level"));
     const char *m = json_string_value(json_object_get(o, "msg"));
-    assert_non_null(json_string_value(json_object_get(o, "ts")));
-    assert_non_null(level);
-    assert_non_null(m);
     if (strstr(m, eid) && strstr(m, "secret detail in boom") && strstr(m, id))
       hook_logged = true;
     if (!strncmp(m, "access ", 7) && strstr(m, "POST") && strstr(m, id))
@@ -1225,9 +1234,8 @@ static bool log_checks(st_server *s, const char *id, const char *eid)
       warned = true;
     if (strstr(m, s->token[0]))
       fail_msg("a log record holds a caller's token: %s", m);
-    json_decref(o);
   }
-  free(log);
+  json_decref(log);
   assert_true(hook_logged);
   assert_true(warned);
   return access_logged;

@@ -64,6 +64,19 @@ static const char *const *args(void)
   return a;
 }
 
+/* args() and one more option with its value (one static array: one use at a time). */
+static const char *const *args_and(const char *option, const char *value)
+{
+  static const char *a[12];
+  size_t k = 0;
+  for (const char *const *p = args(); *p; p++)
+    a[k++] = *p;
+  a[k++] = option;
+  a[k++] = value;
+  a[k] = NULL;
+  return a;
+}
+
 static void create(st_server *s, int caller, char id[40])
 {
   json_t *j = NULL;
@@ -90,6 +103,15 @@ static json_t *turn(st_server *s, int caller, const char *id, const char *messag
   else
     free(out);
   return events;
+}
+
+/* Starts the turn of message `body` in conversation `id` on stream `st` of `m`, and
+ * waits until its tool call is out: the turn is running (a slow echo cell). */
+static void start_turn(st_server *s, CURLM *m, st_stream *st, const char *id, const char *body)
+{
+  st_stream_start(st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0], body);
+  st_seen w = {st, "event: tool_call"};
+  assert_true(st_pump(m, st_saw, &w, WAIT));
 }
 
 static json_t *event_named(json_t *events, const char *name)
@@ -277,10 +299,7 @@ static void test_turn_running_at_sigkill_is_marked_interrupted(void **state)
   create(s, 0, id);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
-                  "{\"content\": \"plimsoll-echo:sleep:3000\"}");
-  st_seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, st_saw, &w, WAIT));
+  start_turn(s, m, &st, id, "{\"content\": \"plimsoll-echo:sleep:3000\"}");
   assert_non_null(memmem(st.buf, st.len, "id: ", 4));   /* SSE events carry ids */
   assert_int_equal(st_restart(s, SIGKILL, args()), 128 + SIGKILL);
   st_pump(m, st_done, &st, WAIT);
@@ -346,20 +365,11 @@ static void test_a_second_host_on_the_same_sqlite_file_is_refused(void **state)
   create(s, 0, id);
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
-                  "{\"content\": \"plimsoll-echo:sleep:1500\"}");
-  st_seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, st_saw, &w, WAIT));
+  start_turn(s, m, &st, id, "{\"content\": \"plimsoll-echo:sleep:1500\"}");
 
   char store[200];
   snprintf(store, sizeof store, "sqlite:%s/berth.db", s->dir);
-  const char *extra[12];
-  size_t n = 0;
-  for (const char *const *a = args(); *a; a++)
-    extra[n++] = *a;
-  extra[n++] = "--store";
-  extra[n++] = store;
-  extra[n] = NULL;
+  const char *const *extra = args_and("--store", store);
   st_server *other = calloc(1, sizeof *other);
   assert_int_equal(st_start_like(other, s, script, extra), -1);
   free(other);
@@ -518,10 +528,8 @@ static void test_message_id_is_answered_from_the_store(void **state)
   /* a turn still running: busy, then its host dies in it and a retry replays its end */
   CURLM *m = curl_multi_init();
   st_stream st = {0};
-  st_stream_start(&st, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
-                  "{\"content\": \"plimsoll-echo:sleep:3000\", \"messageId\": \"slow\"}");
-  st_seen w = {&st, "event: tool_call"};
-  assert_true(st_pump(m, st_saw, &w, WAIT));
+  start_turn(s, m, &st, id,
+             "{\"content\": \"plimsoll-echo:sleep:3000\", \"messageId\": \"slow\"}");
   answer a = post_keyed(s, id, "plimsoll-echo:sleep:3000", "slow", true);
   assert_int_equal(a.status, 503);
   assert_true(a.retry_after);
@@ -587,10 +595,7 @@ static void test_a_conversation_being_deleted_is_not_found(void **state)
   create(s, 0, id);
   CURLM *m = curl_multi_init();
   st_stream a = {0}, d = {0};
-  st_stream_start(&a, m, st_url(s, "/v1/conversations/%s/messages", id), s->token[0],
-                  "{\"content\": \"plimsoll-echo:sleep:1500\"}");
-  st_seen w = {&a, "event: tool_call"};
-  assert_true(st_pump(m, st_saw, &w, WAIT));
+  start_turn(s, m, &a, id, "{\"content\": \"plimsoll-echo:sleep:1500\"}");
   st_stream_start(&d, m, st_url(s, "/v1/conversations/%s", id), s->token[0], "");
   curl_multi_remove_handle(m, d.easy);
   curl_easy_setopt(d.easy, CURLOPT_CUSTOMREQUEST, "DELETE");
@@ -633,13 +638,7 @@ static void test_a_conversation_being_deleted_is_not_found(void **state)
 static void test_the_per_caller_cap_holds_across_a_restart(void **state)
 {
   (void)state;
-  const char *extra[12];
-  size_t k = 0;
-  for (const char *const *a = args(); *a; a++)
-    extra[k++] = *a;
-  extra[k++] = "--max-conversations-per-caller";
-  extra[k++] = "2";
-  extra[k] = NULL;
+  const char *const *extra = args_and("--max-conversations-per-caller", "2");
   st_server *s = calloc(1, sizeof *s);
   assert_int_equal(st_start(s, script, extra), 0);
   char a[40], b[40];
@@ -681,13 +680,7 @@ static bool answered_200(void *stream)
 static void test_a_message_queued_at_sigterm_runs_when_retried(void **state)
 {
   (void)state;
-  const char *extra[12];
-  size_t k = 0;
-  for (const char *const *a = args(); *a; a++)
-    extra[k++] = *a;
-  extra[k++] = "--max-concurrent-turns";
-  extra[k++] = "1";
-  extra[k] = NULL;
+  const char *const *extra = args_and("--max-concurrent-turns", "1");
   st_server *s = calloc(1, sizeof *s);
   assert_int_equal(st_start(s, script, extra), 0);
   char busy[40], queued[40];
@@ -695,10 +688,7 @@ static void test_a_message_queued_at_sigterm_runs_when_retried(void **state)
   create(s, 0, queued);
   CURLM *m = curl_multi_init();
   st_stream a = {0}, q = {0};
-  st_stream_start(&a, m, st_url(s, "/v1/conversations/%s/messages", busy), s->token[0],
-                  "{\"content\": \"plimsoll-echo:sleep:1000\"}");
-  st_seen w = {&a, "event: tool_call"};
-  assert_true(st_pump(m, st_saw, &w, WAIT));
+  start_turn(s, m, &a, busy, "{\"content\": \"plimsoll-echo:sleep:1000\"}");
   st_stream_start(&q, m, st_url(s, "/v1/conversations/%s/messages", queued), s->token[0],
                   "{\"content\": \"x = 1\", \"messageId\": \"m-queued\"}");
   assert_true(st_pump(m, answered_200, &q, WAIT));   /* acknowledged, waiting for a slot */

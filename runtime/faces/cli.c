@@ -331,6 +331,23 @@ static void cli_log(void *ud, berth_log_level level, const char *message)
   fprintf(stderr, "berth: %s%s\n", names[level], message);
 }
 
+/* A signal watcher that keeps nothing alive by itself (the loop ends when the work
+ * does), and its stop.  `data` goes to w->data. */
+static void watch_signal(struct ev_loop *loop, ev_signal *w,
+                         void (*cb)(struct ev_loop *, ev_signal *, int), int signum, void *data)
+{
+  ev_signal_init(w, cb, signum);
+  w->data = data;
+  ev_signal_start(loop, w);
+  ev_unref(loop);
+}
+
+static void unwatch_signal(struct ev_loop *loop, ev_signal *w)
+{
+  ev_ref(loop);                 /* (a stopped watcher gives its reference back) */
+  ev_signal_stop(loop, w);
+}
+
 /* }====================================================== */
 
 /* {====================================================== replay */
@@ -573,21 +590,14 @@ static int cmd_replay(int argc, char **argv)
   r.limit.data = &r;
   ev_timer_start(loop, &r.limit);
   ev_unref(loop);               /* the limit alone keeps nothing alive */
-  ev_signal_init(&r.sigint, replay_signal, SIGINT);
-  r.sigint.data = &r;
-  ev_signal_start(loop, &r.sigint);
-  ev_unref(loop);
-  ev_signal_init(&r.sigterm, replay_signal, SIGTERM);
-  r.sigterm.data = &r;
-  ev_signal_start(loop, &r.sigterm);
-  ev_unref(loop);
+  watch_signal(loop, &r.sigint, replay_signal, SIGINT, &r);
+  watch_signal(loop, &r.sigterm, replay_signal, SIGTERM, &r);
   replay_step(&r);
   ev_run(loop, 0);
-  for (int i = 0; i < 3; i++)
-    ev_ref(loop);
+  ev_ref(loop);
   ev_timer_stop(loop, &r.limit);
-  ev_signal_stop(loop, &r.sigint);
-  ev_signal_stop(loop, &r.sigterm);
+  unwatch_signal(loop, &r.sigint);
+  unwatch_signal(loop, &r.sigterm);
   if (!r.completed && !r.timed_out && !r.stopped && !r.signal) {
     /* The loop ran out of work before the script's end: say so, never exit 0. */
     fprintf(stderr, "berth replay: stopped at step %zu of %zu with nothing left to wait "
@@ -1360,26 +1370,14 @@ static int cmd_chat(int argc, char **argv)
   c.in.data = &c;
   ev_timer_init(&c.spin, on_spin, 0., SPIN_INTERVAL);
   c.spin.data = &c;
-  ev_signal_init(&c.sigint, chat_sigint, SIGINT);
-  c.sigint.data = &c;
-  ev_signal_start(loop, &c.sigint);
-  ev_unref(loop);
-  ev_signal_init(&c.sighup, chat_sighup, SIGHUP);
-  c.sighup.data = &c;
-  ev_signal_start(loop, &c.sighup);
-  ev_unref(loop);               /* reloading alone keeps nothing alive */
-  ev_signal_init(&c.sigterm, chat_sigterm, SIGTERM);
-  c.sigterm.data = &c;
-  ev_signal_start(loop, &c.sigterm);
-  ev_unref(loop);
+  watch_signal(loop, &c.sigint, chat_sigint, SIGINT, &c);
+  watch_signal(loop, &c.sighup, chat_sighup, SIGHUP, &c);   /* reloads the hooks */
+  watch_signal(loop, &c.sigterm, chat_sigterm, SIGTERM, &c);
   chat_listen(&c);
   ev_run(loop, 0);
-  ev_ref(loop);
-  ev_signal_stop(loop, &c.sigint);
-  ev_ref(loop);
-  ev_signal_stop(loop, &c.sighup);
-  ev_ref(loop);
-  ev_signal_stop(loop, &c.sigterm);
+  unwatch_signal(loop, &c.sigint);
+  unwatch_signal(loop, &c.sighup);
+  unwatch_signal(loop, &c.sigterm);
   ev_io_stop(loop, &c.in);
   ev_timer_stop(loop, &c.spin);
   spin_clear(&c);
@@ -1548,19 +1546,11 @@ static int cmd_lua(int argc, char **argv)
   if (berth_run_file(r.h, argc - optind, argv + optind, lua_done, &r) != 0)
     goto out;
   ev_timer_init(&r.limit, lua_limit, DISPOSE_LIMIT, 0.);
-  ev_signal_init(&r.sigint, lua_signal, SIGINT);
-  r.sigint.data = &r;
-  ev_signal_start(loop, &r.sigint);
-  ev_unref(loop);
-  ev_signal_init(&r.sigterm, lua_signal, SIGTERM);
-  r.sigterm.data = &r;
-  ev_signal_start(loop, &r.sigterm);
-  ev_unref(loop);               /* (the signals alone keep nothing alive) */
+  watch_signal(loop, &r.sigint, lua_signal, SIGINT, &r);
+  watch_signal(loop, &r.sigterm, lua_signal, SIGTERM, &r);
   ev_run(loop, 0);
-  ev_ref(loop);
-  ev_ref(loop);
-  ev_signal_stop(loop, &r.sigint);
-  ev_signal_stop(loop, &r.sigterm);
+  unwatch_signal(loop, &r.sigint);
+  unwatch_signal(loop, &r.sigterm);
   ev_timer_stop(loop, &r.limit);
 out:
   berth_host_free(r.h);
