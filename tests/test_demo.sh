@@ -402,6 +402,9 @@ test_chat_input_ends_and_long_lines() {
 test_usage_errors_and_provider_over_the_environment() {
     "$B" replay --daemon > "$work/u1.out" 2>&1
     [ $? -eq 2 ] && has "$work/u1.out" "--daemon needs a value" || return 1
+    "$B" replay --minimum-isolation bogus scripts/demo_conversation.lua > "$work/u0.out" 2>&1
+    [ $? -eq 2 ] && [ "$(wc -l < "$work/u0.out")" -eq 1 ] &&
+        has "$work/u0.out" "--minimum-isolation takes process, container, kernel or vm" || return 1
     printf 'return { loop = true, turns = { { user = "*", replies = { { say = "hi" } } } } }\n' > "$work/hi2.lua"
     echo hello | "$B" chat --provider echo --model "scripted:$work/hi2.lua" --store memory > "$work/u2.out" 2>&1
     [ $? -eq 2 ] && has "$work/u2.out" "--store memory keeps nothing" || return 1

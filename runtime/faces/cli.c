@@ -202,7 +202,14 @@ static int parse_opts(int argc, char **argv, const char *usage, const char *allo
       case O_PROVIDER: o->provider = optarg; break;
       case O_HOOKS: o->hooks = optarg; break;
       case O_MODEL: o->model = optarg; break;
-      case O_MIN_ISO: o->min_iso = optarg; break;
+      case O_MIN_ISO:
+        if (!*optarg || !plm_valid_floor(optarg)) {
+          fprintf(stderr, "berth %s: --minimum-isolation takes process, container, kernel or "
+                          "vm, not \"%s\"\n", argv[0], optarg);
+          return 2;
+        }
+        o->min_iso = optarg;
+        break;
       case O_VERBOSE: o->verbose = true; break;
       case O_APPROVE: o->approve = true; break;
       case O_STORE: o->store = optarg; break;
