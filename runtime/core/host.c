@@ -994,19 +994,15 @@ struct ev_loop *berth_host_loop(berth_host *h) { return h->loop; }
 
 /* {====================================================== berth lua FILE */
 
-typedef struct file_run {
-  void (*done)(void *ud, int status);
-  void *ud;
-} file_run;
-
+/* The file's task tells h->file_done (held in the host, not allocated: a task killed at
+ * berth_host_free, after SIGINT say, has nothing of its own to free). */
 static void file_done(void *ud, berth_task *t, bool ok, const char *error)
 {
-  file_run *r = ud;
+  berth_host *h = ud;
   if (!ok)
     fprintf(stderr, "berth: %s: %s\n", t->what, error);
-  if (r->done)
-    r->done(r->ud, ok ? 0 : 1);
-  free(r);
+  if (h->file_done)
+    h->file_done(h->file_ud, ok ? 0 : 1);
 }
 
 int berth_run_file(berth_host *h, int argc, char **argv,
@@ -1027,10 +1023,9 @@ int berth_run_file(berth_host *h, int argc, char **argv,
   }
   for (int i = 1; i < argc; i++)
     lua_pushstring(L, argv[i]);
-  file_run *r = berth_xcalloc(1, sizeof *r);
-  r->done = done;
-  r->ud = ud;
-  berth_task_start(h, NULL, argv[0], argc - 1, file_done, r);
+  h->file_done = done;
+  h->file_ud = ud;
+  berth_task_start(h, NULL, argv[0], argc - 1, file_done, h);
   return 0;
 }
 

@@ -194,6 +194,8 @@ struct berth_host {
   berth_model *model;
   plm_idmap owners;              /* berth_owner by run id (lib/idmap.h) */
   berth_task *tasks, *current;
+  void (*file_done)(void *ud, int status);   /* berth_run_file's, and its ud */
+  void *file_ud;
   berth_task load_task;          /* budget of a script's top level */
   berth_task *ready, *ready_tail;
   ev_timer runq;
