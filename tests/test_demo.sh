@@ -369,8 +369,9 @@ LUA
 }
 
 # A closed standard input is the end of input; a line is one message whatever its
-# length up to 1 MiB, and a longer one is refused whole; SIGTERM ends the chat as end
-# of input does (status 143).
+# length up to 1 MiB, and a longer one is refused whole, as one that is not UTF-8 or
+# holds a NUL byte, each said; output that cannot be written is a failure; SIGTERM
+# ends the chat as end of input does (status 143).
 test_chat_input_ends_and_long_lines() {
     printf 'return { loop = true, turns = { { user = "*", replies = { { say = "hi" } } } } }\n' > "$work/hi.lua"
     "$B" chat --provider echo --model "scripted:$work/hi.lua" 0<&- > "$work/closed.out" 2>&1
@@ -383,6 +384,14 @@ test_chat_input_ends_and_long_lines() {
         "$B" chat --provider echo --model "scripted:$work/hi.lua" > "$work/over.out" 2>&1
     has "$work/over.out" "a line of more than 1048576 bytes was not sent" &&
     [ "$(grep -c '^user>' "$work/over.out")" -eq 1 ] && has "$work/over.out" "user> short" || return 1
+    printf 'ab\377cd\nnul\000after\nnext\n' |
+        "$B" chat --provider echo --model "scripted:$work/hi.lua" > "$work/bad.out" 2>&1
+    has "$work/bad.out" "-- not sent: the message is not UTF-8 text --" &&
+    has "$work/bad.out" "-- not sent: the line holds a NUL byte --" &&
+    [ "$(grep -c '^user>' "$work/bad.out")" -eq 1 ] && has "$work/bad.out" "user> next" ||
+        { cat "$work/bad.out"; return 1; }
+    echo hello | "$B" chat --provider echo --model "scripted:$work/hi.lua" > /dev/full 2> "$work/full.err"
+    [ $? -eq 1 ] && has "$work/full.err" "the output could not be written" || { cat "$work/full.err"; return 1; }
     mkfifo "$work/in"
     "$B" chat --provider echo --model "scripted:$work/hi.lua" < "$work/in" > "$work/term.out" 2>&1 &
     bp=$!

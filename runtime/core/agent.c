@@ -1137,6 +1137,11 @@ static berth_error *conv_message(berth_conv *c, const char *message,
   berth_host *h = c->h;
   if (!message)
     return berth_error_new("invalid_argument", "the message is NULL");
+  /* (what a model, a store and a stream all need: JSON text is UTF-8) */
+  if (!plm_utf8_valid(message, strlen(message)))
+    return berth_error_new("invalid_argument", "the message is not UTF-8 text");
+  if (message_id && !plm_utf8_valid(message_id, strlen(message_id)))
+    return berth_error_new("invalid_argument", "the message id is not UTF-8 text");
   if (c->completing || c->completed)
     return berth_error_new("completed", "the conversation %s is completing and takes no "
                                         "more messages", c->run_id);

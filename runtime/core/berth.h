@@ -318,7 +318,7 @@ berth_conv *berth_conv_new(berth_host *h, const char *run_id, const char *user_i
 /* Queues a user message: runs onTurnStart then onTurn (resuming a suspended
  * conversation first), when a turn slot is free.  Errors: "completed",
  * "shutting_down", "capacity" (max_queued_messages, or live data filling the memory
- * cap), "invalid_argument". */
+ * cap), "invalid_argument" (NULL, or not UTF-8). */
 berth_error *berth_conv_message(berth_conv *c, const char *message);
 /* The same; returns -1 on any of those errors. */
 int berth_conv_send(berth_conv *c, const char *message);

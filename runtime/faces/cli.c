@@ -829,6 +829,15 @@ static void chat_pump_pipe(chat *c)
       break;
     }
     size_t n = (size_t)(nl - c->buf);
+    if (memchr(c->buf, '\0', n)) {   /* a C string would end there: refused whole */
+      chat_output_begin(c);
+      puts("-- not sent: the line holds a NUL byte --");
+      chat_output_end(c);
+      size_t used = n < c->len ? n + 1 : n;
+      memmove(c->buf, c->buf + used, c->len - used);
+      c->len -= used;
+      continue;
+    }
     char *line = berth_xmalloc(n + 1);
     memcpy(line, c->buf, n);
     line[n] = '\0';
@@ -1135,9 +1144,15 @@ static void chat_take_line(chat *c, char *line)
   else if (!strcmp(line, "/help"))
     chat_help();
   else if (*line) {
-    if (berth_conv_send(c->conv, line) == 0) {
+    berth_error *e = berth_conv_message(c->conv, line);
+    if (!e) {
       c->sent++;
       spin_phase(c, "waiting for the model");
+    } else {
+      chat_output_begin(c);
+      printf("-- not sent: %s --\n", e->message);
+      chat_output_end(c);
+      berth_error_free(e);
     }
   }
   chat_listen(c);
@@ -1599,12 +1614,24 @@ int berth_cli_main(int argc, char **argv)
     print_version();
     return 0;
   }
+  int rc = -1;
   if (!strcmp(cmd, "replay"))
-    return cmd_replay(argc - 1, argv + 1);
-  if (!strcmp(cmd, "chat"))
-    return cmd_chat(argc - 1, argv + 1);
-  if (!strcmp(cmd, "lua"))
-    return cmd_lua(argc - 1, argv + 1);
+    rc = cmd_replay(argc - 1, argv + 1);
+  else if (!strcmp(cmd, "chat"))
+    rc = cmd_chat(argc - 1, argv + 1);
+  else if (!strcmp(cmd, "lua"))
+    rc = cmd_lua(argc - 1, argv + 1);
+  if (rc >= 0) {
+    /* A transcript that could not be written (a full disk, a closed pipe) is a
+     * failure, whatever the run said. */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+      fprintf(stderr, "berth %s: the output could not be written: %s\n", cmd,
+              strerror(errno ? errno : EIO));
+      if (rc == 0)
+        rc = 1;
+    }
+    return rc;
+  }
   if (!strcmp(cmd, "serve"))
     return berth_cmd_serve(argc - 1, argv + 1);  /* serve.c */
   fprintf(stderr, "berth: unknown command \"%s\"\n\n%s", cmd, usage_text);
