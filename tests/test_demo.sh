@@ -405,9 +405,10 @@ test_chat_input_ends_and_long_lines() {
     [ $rc -eq 143 ] && has "$work/term.out" "the conversation completed" || { echo "exit $rc"; cat "$work/term.out"; return 1; }
 }
 
-# Usage errors are status 2 and say what is wrong: an option without its value, a
-# --store that keeps nothing for --resume; --provider starts a local daemon even
-# where PLIMSOLL_URL names another.
+# Usage errors are status 2 and say what is wrong: an option without its value, a bad
+# tier, a --store that keeps nothing for --resume or that is no store URL, a --model
+# that cannot be made; --provider starts a local daemon even where PLIMSOLL_URL names
+# another.
 test_usage_errors_and_provider_over_the_environment() {
     "$B" replay --daemon > "$work/u1.out" 2>&1
     [ $? -eq 2 ] && has "$work/u1.out" "--daemon needs a value" || return 1
@@ -417,6 +418,12 @@ test_usage_errors_and_provider_over_the_environment() {
     printf 'return { loop = true, turns = { { user = "*", replies = { { say = "hi" } } } } }\n' > "$work/hi2.lua"
     echo hello | "$B" chat --provider echo --model "scripted:$work/hi2.lua" --store memory > "$work/u2.out" 2>&1
     [ $? -eq 2 ] && has "$work/u2.out" "--store memory keeps nothing" || return 1
+    "$B" chat --provider echo --model "scripted:$work/hi2.lua" --store bogus: < /dev/null > "$work/u4.out" 2>&1
+    [ $? -eq 2 ] && has "$work/u4.out" 'unknown store URL "bogus:"' || return 1
+    "$B" chat --provider echo --model bogus < /dev/null > "$work/u5.out" 2>&1
+    [ $? -eq 2 ] && has "$work/u5.out" 'unknown model "bogus"' || return 1
+    "$B" lua --model "scripted:$work/nosuch.lua" "$work/hi2.lua" > "$work/u6.out" 2>&1
+    [ $? -eq 2 ] && has "$work/u6.out" "cannot open" || return 1
     cat > "$work/prov.lua" <<'LUA'
 local r = assert(sandbox.executeCode{runId = "r", code = "40 + 2"})
 assert(r.stdout == "python 1: 40 + 2", r.stdout)

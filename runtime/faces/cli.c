@@ -1333,9 +1333,10 @@ static int cmd_chat(int argc, char **argv)
   if (o.model) {
     berth_model_options mo = {loop, df.sandbox, NULL, NULL};
     model = berth_model_new(o.model, &mo, &err);
-    if (!model) {
+    if (!model) {               /* (the spec, its script or its settings: usage) */
       fprintf(stderr, "berth chat: %s\n", err);
       free(err);
+      status = 2;
       goto out;
     }
   }
@@ -1361,6 +1362,8 @@ static int cmd_chat(int argc, char **argv)
       se = berth_store_claim(store);   /* (alone on it: two chats would lose turns) */
     if (se) {
       fprintf(stderr, "berth chat: %s\n", se->message);
+      if (!strcmp(se->code, "invalid_argument"))
+        status = 2;             /* (a URL it cannot take: usage) */
       berth_error_free(se);
       goto out;
     }
@@ -1536,6 +1539,7 @@ static int cmd_lua(int argc, char **argv)
     if (!(model = berth_model_new(o.model, &mo, &err))) {
       fprintf(stderr, "berth lua: %s\n", err);
       free(err);
+      r.status = 2;
       goto out;
     }
   }
