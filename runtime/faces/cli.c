@@ -355,6 +355,23 @@ static void unwatch_signal(struct ev_loop *loop, ev_signal *w)
   ev_signal_stop(loop, w);
 }
 
+static void stop_loop(struct ev_loop *loop, ev_timer *w, int revents)
+{
+  (void)w;
+  (void)revents;
+  ev_break(loop, EVBREAK_ALL);
+}
+
+/* Ends a run before its end (--time-limit, a signal): the host shuts down -- the
+ * sandboxes disposed -- and `done` breaks the loop; `bound` (a stop_loop timer of
+ * DISPOSE_LIMIT) stops it however far the disposal got. */
+static void shut_down_within(berth_host *h, struct ev_loop *loop, ev_timer *bound,
+                             void (*done)(void *ud), void *ud)
+{
+  ev_timer_start(loop, bound);
+  berth_host_shutdown(h, done, ud);
+}
+
 /* }====================================================== */
 
 /* {====================================================== replay */
@@ -370,7 +387,7 @@ typedef struct replay {
   unsigned turns_played;
   bool want_suspend;
   berth_transcript tr;
-  ev_timer limit;
+  ev_timer limit, bound;         /* --time-limit; the disposal's bound (shut_down_within) */
   ev_signal sigint, sigterm;
   bool completed;               /* the script's end was reached and the host shut down */
   bool timed_out, stopped;      /* --time-limit; a step that cannot be played */
@@ -393,15 +410,18 @@ static void replay_completed(void *ud, berth_conv *c)
   berth_host_shutdown(r->h, replay_shut, r);
 }
 
-/* Ends the run before the script's end: the sandboxes are disposed (running turns
- * cancelled at once), within DISPOSE_LIMIT; the limit's timer then stops the loop
- * however far the disposal got. */
+/* Whether the run was ended before the script's end (and is shutting down). */
+static bool replay_abandoned(const replay *r)
+{
+  return r->stopped || r->timed_out || r->signal;
+}
+
+/* Ends the run before the script's end: running turns are cancelled at once (the
+ * host's grace is none), the sandboxes disposed within DISPOSE_LIMIT. */
 static void replay_abandon(replay *r)
 {
   ev_timer_stop(r->loop, &r->limit);
-  ev_timer_set(&r->limit, DISPOSE_LIMIT, 0.);
-  ev_timer_start(r->loop, &r->limit);
-  berth_host_shutdown(r->h, replay_shut, r);
+  shut_down_within(r->h, r->loop, &r->bound, replay_shut, r);
 }
 
 static void replay_event(void *ud, berth_conv *c, const char *kind, const json_t *data)
@@ -409,7 +429,7 @@ static void replay_event(void *ud, berth_conv *c, const char *kind, const json_t
   (void)c;
   replay *r = ud;
   berth_transcript_event(&r->tr, kind, data);
-  if (r->stopped || r->timed_out || r->signal)
+  if (replay_abandoned(r))
     return;
   if (strcmp(kind, "turnEnd") == 0)
     replay_step(r);
@@ -472,11 +492,8 @@ static void replay_step(replay *r)
 static void replay_limit(struct ev_loop *loop, ev_timer *w, int revents)
 {
   (void)revents;
+  (void)loop;
   replay *r = w->data;
-  if (r->timed_out || r->stopped || r->signal) {   /* the disposal's own limit */
-    ev_break(loop, EVBREAK_ALL);
-    return;
-  }
   fprintf(stderr, "berth replay: gave up after %.0f s (--time-limit)\n", r->o->time_limit);
   r->timed_out = true;
   replay_abandon(r);
@@ -486,7 +503,7 @@ static void replay_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
   (void)revents;
   replay *r = w->data;
-  if (r->signal || r->stopped || r->timed_out) {  /* a second one: stop now */
+  if (replay_abandoned(r)) {    /* a second one: stop now */
     ev_break(loop, EVBREAK_ALL);
     return;
   }
@@ -595,6 +612,7 @@ static int cmd_replay(int argc, char **argv)
                           json_is_string(user) ? json_string_value(user) : NULL);
   ev_timer_init(&r.limit, replay_limit, o.time_limit, 0.);
   r.limit.data = &r;
+  ev_timer_init(&r.bound, stop_loop, DISPOSE_LIMIT, 0.);   /* (armed by shut_down_within) */
   ev_timer_start(loop, &r.limit);
   ev_unref(loop);               /* the limit alone keeps nothing alive */
   watch_signal(loop, &r.sigint, replay_signal, SIGINT, &r);
@@ -603,9 +621,10 @@ static int cmd_replay(int argc, char **argv)
   ev_run(loop, 0);
   ev_ref(loop);
   ev_timer_stop(loop, &r.limit);
+  ev_timer_stop(loop, &r.bound);
   unwatch_signal(loop, &r.sigint);
   unwatch_signal(loop, &r.sigterm);
-  if (!r.completed && !r.timed_out && !r.stopped && !r.signal) {
+  if (!r.completed && !replay_abandoned(&r)) {
     /* The loop ran out of work before the script's end: say so, never exit 0. */
     fprintf(stderr, "berth replay: stopped at step %zu of %zu with nothing left to wait "
                     "for\n", r.next, json_array_size(r.turns));
@@ -795,6 +814,13 @@ static void chat_listen(chat *c)
     ev_timer_stop(c->loop, &c->spin);
 }
 
+/* Drops the first n bytes of the pipe's buffer. */
+static void chat_consume(chat *c, size_t n)
+{
+  memmove(c->buf, c->buf + n, c->len - n);
+  c->len -= n;
+}
+
 /* A pipe: the complete lines buffered, one at a time while lines are wanted, then
  * the end of input once everything before it was taken. */
 static void chat_pump_pipe(chat *c)
@@ -806,9 +832,7 @@ static void chat_pump_pipe(chat *c)
       break;
     char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
     if (c->skipping) {          /* the rest of a line too long to send */
-      size_t drop = nl ? (size_t)(nl - c->buf) + 1 : c->len;
-      memmove(c->buf, c->buf + drop, c->len - drop);
-      c->len -= drop;
+      chat_consume(c, nl ? (size_t)(nl - c->buf) + 1 : c->len);
       c->skipping = !nl;
       if (c->skipping && !c->eof)
         break;
@@ -829,13 +853,12 @@ static void chat_pump_pipe(chat *c)
       break;
     }
     size_t n = (size_t)(nl - c->buf);
+    size_t used = n < c->len ? n + 1 : n;   /* (with its newline, when it has one) */
     if (memchr(c->buf, '\0', n)) {   /* a C string would end there: refused whole */
       chat_output_begin(c);
       puts("-- not sent: the line holds a NUL byte --");
       chat_output_end(c);
-      size_t used = n < c->len ? n + 1 : n;
-      memmove(c->buf, c->buf + used, c->len - used);
-      c->len -= used;
+      chat_consume(c, used);
       continue;
     }
     char *line = berth_xmalloc(n + 1);
@@ -843,9 +866,7 @@ static void chat_pump_pipe(chat *c)
     line[n] = '\0';
     if (n && line[n - 1] == '\r')
       line[n - 1] = '\0';
-    size_t used = n < c->len ? n + 1 : n;
-    memmove(c->buf, c->buf + used, c->len - used);
-    c->len -= used;
+    chat_consume(c, used);
     chat_take_line(c, line);
     free(line);
   }
@@ -1445,7 +1466,7 @@ typedef struct lua_run {
   int status;
   conn *cn;
   ev_signal sigint, sigterm;
-  ev_timer limit;               /* bounds the disposal after a signal */
+  ev_timer bound;               /* the disposal's after a signal (shut_down_within) */
   bool shut;                    /* the shutdown finished */
 } lua_run;
 
@@ -1463,13 +1484,6 @@ static void lua_done(void *ud, int status)
   berth_host_shutdown(r->h, lua_shut, r);
 }
 
-static void lua_limit(struct ev_loop *loop, ev_timer *w, int revents)
-{
-  (void)w;
-  (void)revents;
-  ev_break(loop, EVBREAK_ALL);
-}
-
 /* SIGINT, SIGTERM: the sandboxes are disposed (within DISPOSE_LIMIT), the local
  * daemon stopped and its token file removed, as at the file's end; status 128 + the
  * signal.  A second one stops at once. */
@@ -1482,8 +1496,7 @@ static void lua_signal(struct ev_loop *loop, ev_signal *w, int revents)
     return;
   }
   r->status = 128 + w->signum;
-  ev_timer_start(loop, &r->limit);
-  berth_host_shutdown(r->h, lua_shut, r);
+  shut_down_within(r->h, loop, &r->bound, lua_shut, r);
 }
 
 /* os.exit for berth lua: what the end of the file does first -- the sandboxes
@@ -1571,13 +1584,13 @@ static int cmd_lua(int argc, char **argv)
   }
   if (berth_run_file(r.h, argc - optind, argv + optind, lua_done, &r) != 0)
     goto out;
-  ev_timer_init(&r.limit, lua_limit, DISPOSE_LIMIT, 0.);
+  ev_timer_init(&r.bound, stop_loop, DISPOSE_LIMIT, 0.);   /* (armed by shut_down_within) */
   watch_signal(loop, &r.sigint, lua_signal, SIGINT, &r);
   watch_signal(loop, &r.sigterm, lua_signal, SIGTERM, &r);
   ev_run(loop, 0);
   unwatch_signal(loop, &r.sigint);
   unwatch_signal(loop, &r.sigterm);
-  ev_timer_stop(loop, &r.limit);
+  ev_timer_stop(loop, &r.bound);
 out:
   berth_host_free(r.h);
   berth_model_free(model);

@@ -336,15 +336,6 @@ static void slog_warn(server *s, const char *fmt, ...)
   va_end(ap);
 }
 
-static void host_log(void *ud, berth_log_level level, const char *message)
-{
-  server *s = ud;
-  if (level == BERTH_LOG_DEBUG && !s->verbose)
-    return;
-  static const char *const names[] = {"debug", "info", "warn", "error"};
-  log_record(names[level], message);
-}
-
 /* The store's and the local sandboxd's own lines (diag.h), into the same log: from
  * any thread (the checkpoint thread's), so no server state is touched. */
 static void diag_log(void *ud, berth_log_level level, const char *message)
@@ -352,6 +343,14 @@ static void diag_log(void *ud, berth_log_level level, const char *message)
   (void)ud;
   static const char *const names[] = {"debug", "info", "warn", "error"};
   log_record(names[level], message);
+}
+
+static void host_log(void *ud, berth_log_level level, const char *message)
+{
+  server *s = ud;
+  if (level == BERTH_LOG_DEBUG && !s->verbose)
+    return;
+  diag_log(NULL, level, message);
 }
 
 static bool parse_count(const char *arg, size_t *out)
@@ -1087,6 +1086,13 @@ char *berth_serve_create_body(const char *body, size_t len, berth_serve_create *
   return NULL;
 }
 
+/* A client's id for a message (messageId, or an Idempotency-Key): 1 to 128 bytes of
+ * UTF-8 without NUL -- the store's index and a replay's "user" event hold it as text. */
+static bool message_id_ok(const char *id, size_t len)
+{
+  return len >= 1 && len <= 128 && strlen(id) == len && plm_utf8_valid(id, len);
+}
+
 char *berth_serve_message_body(const char *body, size_t len, json_t **out,
                                const char **content)
 {
@@ -1104,9 +1110,8 @@ char *berth_serve_message_body(const char *body, size_t len, json_t **out,
     return msg("the body must be {\"content\": \"<the message>\"} (a string without NUL "
                "bytes), with an optional \"messageId\"");
   }
-  if (mid && (!json_is_string(mid) || json_string_length(mid) < 1 ||
-              json_string_length(mid) > 128 ||
-              strlen(json_string_value(mid)) != json_string_length(mid))) {
+  if (mid && (!json_is_string(mid) ||
+              !message_id_ok(json_string_value(mid), json_string_length(mid)))) {
     json_decref(v);
     return msg("messageId must be a string of 1 to 128 bytes");
   }
@@ -1647,7 +1652,6 @@ static void on_renew(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* {====================================================== messages */
 
-/* The client's id for the message: its body's messageId, or an Idempotency-Key. */
 /* The client's id for the message: the body's messageId (checked with the body), else
  * an Idempotency-Key header, held to the same rule -- an id that were dropped would
  * let a retry run the message twice.  False (400) for a header that breaks it. */
@@ -1662,8 +1666,7 @@ static bool message_id_of(request *q, const json_t *body, const char **mid)
   const char *k = MHD_lookup_connection_value(q->conn, MHD_HEADER_KIND, "Idempotency-Key");
   if (!k)
     return true;
-  size_t n = strlen(k);
-  if (n < 1 || n > 128 || !plm_utf8_valid(k, n))
+  if (!message_id_ok(k, strlen(k)))
     return false;
   *mid = k;
   return true;
@@ -2741,11 +2744,6 @@ static size_t default_per_caller(size_t max_convs, size_t n_callers)
   return (total + DEFAULT_PER_CALLER_SHARE - 1) / DEFAULT_PER_CALLER_SHARE;
 }
 
-/* Reads the token file: at start, and again on SIGHUP.  Callers are kept by index
- * (conversations and requests name them so), so a reload never moves one: a token
- * that is gone is marked revoked (refused from now on, its open conversations left
- * as they are), a new one is appended, one that comes back is accepted again.  On
- * any error the callers stay as they were.  Logged by label, never by token. */
 /* A host alone on its store counts, for the per-caller cap, the conversations each
  * caller holds there from before it started (callers[from..]): they are held though
  * not loaded, so a restart does not make room for more. */
@@ -2766,6 +2764,11 @@ static void count_stored(server *s, size_t from)
   }
 }
 
+/* Reads the token file: at start, and again on SIGHUP.  Callers are kept by index
+ * (conversations and requests name them so), so a reload never moves one: a token
+ * that is gone is marked revoked (refused from now on, its open conversations left
+ * as they are), a new one is appended, one that comes back is accepted again.  On
+ * any error the callers stay as they were.  Logged by label, never by token. */
 static int load_callers(server *s, const char *path)
 {
   httpd_token_hash *hashes;
@@ -2950,8 +2953,7 @@ int berth_cmd_serve(int argc, char **argv)
      * A host alone on its store marks every turn its predecessor left. */
     s->leases = !strcmp(berth_store_engine_name(s->store), "postgresql");
     size_t marked = 0;
-    se = s->leases ? NULL : berth_store_claim(s->store);
-    if (!se && !s->leases)
+    if (!s->leases && !(se = berth_store_claim(s->store)))
       se = berth_store_mark_interrupted(s->store, &marked);
     if (se) {
       slog(s, "%s", se->message);

@@ -332,7 +332,7 @@ static berth_error *lite_open(berth_store *s, const char *path)
   /* How long a write waits for another process's lock: it holds the loop meanwhile,
    * so briefly.  One berth per file is the rule; this covers `sqlite3` reading it. */
   sqlite3_busy_timeout(l->db, 1000);
-  rc = exec(l, "PRAGMA journal_mode = WAL");   /* (the file exists from here on) */
+  rc = exec(l, "PRAGMA journal_mode = WAL");
   if (rc != SQLITE_OK) {
     e = lite_error(l, rc, "setting WAL mode");
     goto fail;
